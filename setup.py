@@ -1,0 +1,17 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="exgrpo",
+    version="0.1.0",
+    description="ExGRPO (Experiential Group Relative Policy Optimization) as a recipe on verl 0.9.1",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["exgrpo", "exgrpo.*", "recipe", "recipe.*", "data_preprocess"]),
+    package_data={"recipe.exgrpo": ["config/*.yaml"]},
+    install_requires=["numpy", "pyarrow>=19.0.0", "torch", "safetensors", "tqdm"],
+    extras_require={
+        "verl": ["verl==0.9.1", "hydra-core", "pandas", "math-verify"],
+        "dev": ["pytest", "pytest-timeout", "ruff"],
+    },
+)
