@@ -1,0 +1,282 @@
+"""Typed, validated configuration for everything ExGRPO adds (the ``exgrpo:`` block of the hydra config).
+
+The trainer builds it with :meth:`ExGRPOConfig.from_dict`, passing the rollout group size ``k`` (K, from
+``actor_rollout_ref.rollout.n``). Every error names the offending key as ``exgrpo.<path>`` and the allowed range,
+and unknown keys are rejected with a did-you-mean suggestion, so a typo stops the run at start-up instead of
+silently falling back to a default.
+
+Defaults follow ../shared/docs/ALGORITHM.md: the released code's behaviour where the paper and the release
+disagree, and the decisions marked OUR CHOICE there (each one has a switch here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ConfigError", "ExGRPOConfig"]
+
+#: Allowed values of the string switches that no registry defines (the registries of bucket weightings and
+#: trajectory metrics are consulted at validation time, so a newly registered one is accepted automatically).
+ZERO_SUCCESS_CHOICES = ("bucket0", "keep")
+COLLECT_FROM_CHOICES = ("start", "mixed")
+POOL_STORAGE_CHOICES = ("arena", "per_entry")
+RESUME_POOL_CHOICES = ("required", "empty")
+TRAJECTORY_MODE_CHOICES = ("min", "max")
+SHAPING_CHOICES = ("policy_shaping", "none")
+FRESH_CLIP_CHOICES = ("released", "always")
+
+
+class ConfigError(ValueError):
+    """A wrong ``exgrpo.*`` value or key; the message names the key and the allowed range."""
+
+
+@dataclass
+class ExGRPOConfig:
+    """The whole ``exgrpo:`` block (flat, same key names as ``recipe/exgrpo/config/exgrpo_trainer.yaml``).
+
+    ``k`` is filled by the trainer from the rollout config (``actor_rollout_ref.rollout.n``).
+    """
+
+    # --- switch and schedule (§6, §9)
+    #: False = plain on-policy Dr.GRPO through the same trainer (the baseline).
+    enable: bool = True
+    #: Rollout group size K (filled by the trainer; validated >= 2).
+    k: int | None = None
+    #: Seed of every random choice the experience manager makes (sampler, random selection).
+    seed: int = 0
+    #: rho: share of the B questions of a mixed step that are replayed (n = floor(rho*B)), in [0, 1).
+    replay_ratio: float = 0.5
+    #: Linear ramp of rho from 0 to replay_ratio over this many steps after the switch (0 = constant rho).
+    replay_ratio_ramp_steps: int = 0
+    #: tau: mixed mode starts after the first step whose batch pass rate is > tau; negative = mixed from step 1.
+    delayed_start_threshold: float = 0.35
+
+    # --- pool and collection (§2, §3)
+    #: A group with bucket_lbound < k <= bucket_rbound successes enters the pool.
+    bucket_lbound: int = 0
+    #: Upper collection bound; None means K-1 (partially solved questions).
+    bucket_rbound: int | None = None
+    #: Count the replayed member in k (released code, paper Algorithm 1) or only the fresh members.
+    count_replayed_in_k: bool = True
+    #: A later 0/K result: 'bucket0' (OUR CHOICE: move to bucket 0, never sampled) or 'keep' (released).
+    zero_success: str = "bucket0"
+    #: 'start' (paper, OUR CHOICE: collect from step 1) or 'mixed' (released: only once mixed mode is on).
+    collect_from: str = "start"
+    #: Stop drawing retired (K/K) questions as fresh prompts at once (OUR CHOICE) instead of at the next epoch.
+    retire_fresh_prompts: bool = True
+    #: Optional cap on stored trajectories per question, oldest evicted first (OUR CHOICE; None = off).
+    max_entries_per_question: int | None = None
+    #: Optional cap on stored response tokens in the whole pool, oldest evicted first (None = off).
+    max_total_tokens: int | None = None
+    #: Token storage layout: 'arena' (chunked columnar arrays) or 'per_entry' (one array pair per trajectory).
+    pool_storage: str = "arena"
+    #: On resume: 'required' (a missing saved pool is an error) or 'empty' (a missing one starts empty).
+    resume_pool: str = "required"
+
+    # --- question sampling (§4)
+    #: Bucket weighting: normal | linear | sqrt | linear_clip | uniform (uniform over questions, not buckets).
+    weighting: str = "normal"
+    #: Centre of the Gaussian weight, in accuracy units (k/K).
+    mu: float = 0.5
+    #: Width of the Gaussian weight in accuracy units; None means 1/K (the released code's 1 success).
+    sigma: float | None = None
+
+    # --- trajectory selection (§5)
+    #: entropy | nll | random | diversity (registry in exgrpo.experience.selection).
+    trajectory_metric: str = "entropy"
+    #: 'min' (default: lowest-entropy trajectory) or 'max' (the highest-entropy ablation).
+    trajectory_mode: str = "min"
+    #: Optional cap on candidates scored per question (the newest ones are kept); None = all.
+    max_candidates_per_question: int | None = None
+    #: Tokens per forward batch of the entropy pass over the candidates.
+    entropy_token_budget: int = 16384
+    #: n of the token n-grams the 'diversity' metric compares.
+    diversity_ngram: int = 4
+
+    # --- objective (§8); consumed by the objective and the actor wiring
+    #: 'policy_shaping' (f(w) = w/(w+beta) on replayed tokens) or 'none' (plain ratio, the ablation).
+    shaping: str = "policy_shaping"
+    #: beta of the policy shaping f(w) = w/(w+beta); > 0.
+    shaping_beta: float = 0.1
+    #: Importance ratio of replayed tokens against the stored behaviour log-probs (True) or the recomputed ones.
+    is_correction: bool = True
+    #: Fresh tokens: 'released' (unclipped in the mixed phase, PPO clip before) or 'always' (paper Eq. 4 clip).
+    fresh_clip: str = "released"
+    #: Weight the on-policy and experience terms by (1-rho) and rho (paper Eq. 4); the release does not.
+    weight_terms_by_ratio: bool = False
+
+    # ----------------------------------------------------------------------------------------------- derived
+    @property
+    def resolved_rbound(self) -> int:
+        """Upper collection bound with None resolved to K-1."""
+        assert self.k is not None, "exgrpo.k is not set"
+        return self.k - 1 if self.bucket_rbound is None else self.bucket_rbound
+
+    @property
+    def resolved_sigma(self) -> float:
+        """Gaussian width in accuracy units with None resolved to 1/K."""
+        assert self.k is not None, "exgrpo.k is not set"
+        return 1.0 / self.k if self.sigma is None else float(self.sigma)
+
+    # ------------------------------------------------------------------------------------------- conversion
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, *, k: int | None = None) -> ExGRPOConfig:
+        """Build and validate from a mapping, e.g. ``OmegaConf.to_container(cfg.exgrpo, resolve=True)``.
+
+        ``k`` (the rollout group size) overrides any ``k`` key in ``d``. Raises :class:`ConfigError`.
+        """
+        d = {} if d is None else d
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"exgrpo must be a mapping of keys to values, got {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [str(key) for key in d if key not in names]
+        if unknown:
+            msgs = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+                msgs.append(f"exgrpo.{key}" + (f" (did you mean exgrpo.{close[0]}?)" if close else ""))
+            raise ConfigError(f"unknown key(s) {', '.join(msgs)}; allowed keys: {', '.join(names)}")
+        cfg = cls(**dict(d))
+        if k is not None:
+            cfg.k = k
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON/YAML-serialisable); ``from_dict(to_dict())`` round-trips."""
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------------------------------- validation
+    def validate(self) -> ExGRPOConfig:
+        """Check every range; raises :class:`ConfigError` naming ``exgrpo.<key>``. Returns self."""
+        _check_bool(self.enable, "enable")
+        if self.k is None:
+            raise ConfigError(
+                "exgrpo.k (the rollout group size K, actor_rollout_ref.rollout.n) must be set; "
+                "pass it as ExGRPOConfig.from_dict(d, k=K)"
+            )
+        _check_int(self.k, "k", lo=2, hint="K >= 2: a group needs two rollouts for a relative advantage")
+        k = self.k
+        _check_int(self.seed, "seed", lo=0)
+        _check_float(self.replay_ratio, "replay_ratio", lo=0.0, hi=1.0, hi_open=True)
+        _check_int(self.replay_ratio_ramp_steps, "replay_ratio_ramp_steps", lo=0, hint="0 = constant rho")
+        _check_float(
+            self.delayed_start_threshold,
+            "delayed_start_threshold",
+            hi=1.0,
+            hi_open=True,
+            hint="a pass rate never exceeds 1, so tau >= 1 would never start mixed mode; "
+            "negative means mixed from step 1; use exgrpo.enable=false for plain GRPO",
+        )
+
+        _check_int(self.bucket_lbound, "bucket_lbound", lo=0, hi=k - 2)
+        if self.bucket_rbound is not None:
+            _check_int(
+                self.bucket_rbound,
+                "bucket_rbound",
+                lo=1,
+                hi=k - 1,
+                hint="k = K retires the question, so at most K-1; null means K-1",
+            )
+        if self.bucket_lbound >= self.resolved_rbound:
+            raise ConfigError(
+                f"exgrpo.bucket_lbound ({self.bucket_lbound}) must be < exgrpo.bucket_rbound "
+                f"({self.resolved_rbound}): a group enters the pool when lbound < k <= rbound"
+            )
+        _check_bool(self.count_replayed_in_k, "count_replayed_in_k")
+        _check_choice(self.zero_success, "zero_success", ZERO_SUCCESS_CHOICES)
+        _check_choice(self.collect_from, "collect_from", COLLECT_FROM_CHOICES)
+        _check_bool(self.retire_fresh_prompts, "retire_fresh_prompts")
+        if self.max_entries_per_question is not None:
+            _check_int(self.max_entries_per_question, "max_entries_per_question", lo=1, hint="null = no cap")
+        if self.max_total_tokens is not None:
+            _check_int(self.max_total_tokens, "max_total_tokens", lo=1, hint="null = no cap")
+        _check_choice(self.pool_storage, "pool_storage", POOL_STORAGE_CHOICES)
+        _check_choice(self.resume_pool, "resume_pool", RESUME_POOL_CHOICES)
+
+        # Registries are consulted lazily so that a newly registered weighting/metric is accepted.
+        from exgrpo.experience.sampler import BUCKET_WEIGHTINGS
+        from exgrpo.experience.selection import TRAJECTORY_METRICS
+
+        _check_choice(self.weighting, "weighting", tuple(BUCKET_WEIGHTINGS))
+        _check_float(self.mu, "mu", lo=0.0, hi=1.0, hint="accuracy units k/K")
+        if self.sigma is not None:
+            _check_float(
+                self.sigma,
+                "sigma",
+                lo=0.0,
+                lo_open=True,
+                hint="accuracy units; null means 1/K (the released code's 1 success)",
+            )
+
+        _check_choice(self.trajectory_metric, "trajectory_metric", tuple(TRAJECTORY_METRICS))
+        _check_choice(self.trajectory_mode, "trajectory_mode", TRAJECTORY_MODE_CHOICES)
+        if self.max_candidates_per_question is not None:
+            _check_int(
+                self.max_candidates_per_question,
+                "max_candidates_per_question",
+                lo=1,
+                hint="null = score every stored trajectory",
+            )
+        _check_int(self.entropy_token_budget, "entropy_token_budget", lo=1)
+        _check_int(self.diversity_ngram, "diversity_ngram", lo=1)
+
+        _check_choice(self.shaping, "shaping", SHAPING_CHOICES)
+        _check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)
+        _check_bool(self.is_correction, "is_correction")
+        _check_choice(self.fresh_clip, "fresh_clip", FRESH_CLIP_CHOICES)
+        _check_bool(self.weight_terms_by_ratio, "weight_terms_by_ratio")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _check_bool(value: Any, key: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"exgrpo.{key} must be true or false, got {value!r}")
+
+
+def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+    left = "-inf" if lo is None else f"{lo}"
+    right = "inf" if hi is None else f"{hi}"
+    return f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
+
+
+def _check_int(value: Any, key: str, lo: int | None = None, hi: int | None = None, hint: str = "") -> None:
+    rng = _range_text(lo, hi, False, False)
+    extra = f" ({hint})" if hint else ""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
+
+
+def _check_float(
+    value: Any,
+    key: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    hint: str = "",
+) -> None:
+    rng = _range_text(lo, hi, lo_open, hi_open)
+    extra = f" ({hint})" if hint else ""
+    msg = f"exgrpo.{key} must be a number in {rng}{extra}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(msg)
+    if lo is not None and (value < lo or (lo_open and value == lo)):
+        raise ConfigError(msg)
+    if hi is not None and (value > hi or (hi_open and value == hi)):
+        raise ConfigError(msg)
+
+
+def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"exgrpo.{key} must be one of {list(choices)}, got {value!r}{hint}")

@@ -1,0 +1,326 @@
+"""Trajectory selection: one stored trajectory per replayed question (ALGORITHM.md §5).
+
+Default: score every stored trajectory of a drawn question under the *current* policy and take the argmin of
+its mean token entropy H(o) = (1/|o|) sum_t H_t. The per-trajectory score comes from
+:func:`trajectory_scores`, a masked mean per row over the response tokens only (the released code averaged
+over another row's pad positions, which favours short trajectories; that bug is not reproduced).
+
+Metrics are registered with :func:`register_trajectory_metric`. A metric gets the candidate lists of the drawn
+questions and a :class:`MetricContext` (the score provider, the seeded RNG, the n-gram size) and returns one
+score array per question; :class:`TrajectorySelector` then takes the argmin (``mode='min'``) or argmax.
+
+The score provider is a callable the trainer supplies: ``provider(candidates, quantity) -> scores`` with
+``quantity`` in {"entropy", "nll"}: one float per candidate, the masked mean of token entropies (or of -log p
+of the sampled tokens) under the current policy. It is called once per step with all candidates flattened, so
+the trainer runs one forward pass, batched by :func:`batch_by_token_budget`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from exgrpo.experience.pool import Candidate, QuestionId
+from exgrpo.experience.sampler import _rng_state, _set_rng_state
+
+if TYPE_CHECKING:
+    from exgrpo.config import ExGRPOConfig
+
+__all__ = [
+    "TRAJECTORY_METRICS",
+    "MetricContext",
+    "ScoreProvider",
+    "SelectedTrajectory",
+    "TrajectorySelector",
+    "batch_by_token_budget",
+    "get_trajectory_metric",
+    "masked_mean_per_row",
+    "ngram_overlap_scores",
+    "register_trajectory_metric",
+    "selection_metrics",
+    "trajectory_scores",
+]
+
+ScoreProvider = Callable[[Sequence[Candidate], str], Any]
+
+
+@dataclass
+class MetricContext:
+    score_provider: ScoreProvider | None
+    rng: np.random.Generator
+    ngram: int = 4
+
+
+#: (candidate lists, one per drawn question; context) -> one score array per question.
+TrajectoryMetric = Callable[[Sequence[Sequence[Candidate]], MetricContext], list[np.ndarray]]
+
+TRAJECTORY_METRICS: dict[str, TrajectoryMetric] = {}
+
+
+def register_trajectory_metric(name: str) -> Callable[[TrajectoryMetric], TrajectoryMetric]:
+    """Register a trajectory metric under ``name`` (``exgrpo.selection.metric``)."""
+
+    def decorator(fn: TrajectoryMetric) -> TrajectoryMetric:
+        if name in TRAJECTORY_METRICS:
+            raise ValueError(f"trajectory metric {name!r} is already registered")
+        TRAJECTORY_METRICS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_trajectory_metric(name: str) -> TrajectoryMetric:
+    try:
+        return TRAJECTORY_METRICS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(TRAJECTORY_METRICS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown trajectory metric {name!r}; registered: {sorted(TRAJECTORY_METRICS)}{hint}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------- score helpers
+def masked_mean_per_row(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is set, per row ([B, T] -> [B]).
+
+    Each row is divided by its *own* mask count (never another row's), and an all-zero mask gives 0, not NaN.
+    Computed in float32 at least (bf16 entropies summed over 8k tokens lose precision).
+    """
+    if values.shape != mask.shape:
+        raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    dtype = torch.promote_types(values.dtype, torch.float32)
+    m = mask.to(dtype)
+    total = (values.to(dtype) * m).sum(dim=-1)
+    return total / m.sum(dim=-1).clamp_min(eps)
+
+
+def trajectory_scores(
+    quantity: str,
+    response_mask: torch.Tensor,
+    *,
+    entropies: torch.Tensor | None = None,
+    log_probs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-trajectory score from per-token statistics of the current policy ([B, T] each -> [B]).
+
+    ``entropy``: masked mean of the full-vocabulary token entropies (temperature 1); ``nll``: masked mean of
+    -log p of the sampled tokens.
+    """
+    if quantity == "entropy":
+        if entropies is None:
+            raise ValueError("trajectory_scores('entropy') needs per-token entropies")
+        return masked_mean_per_row(entropies, response_mask)
+    if quantity == "nll":
+        if log_probs is None:
+            raise ValueError("trajectory_scores('nll') needs per-token log-probs")
+        return masked_mean_per_row(-log_probs, response_mask)
+    raise ValueError(f"unknown score quantity {quantity!r}; expected 'entropy' or 'nll'")
+
+
+def batch_by_token_budget(lengths: Sequence[int], token_budget: int, *, padded: bool = True) -> list[list[int]]:
+    """Split candidate indices into forward batches of at most ``token_budget`` tokens.
+
+    Longest first, so that rows of a padded batch have similar lengths. ``padded``: a batch costs
+    rows x its longest row (a padded forward); otherwise the sum of lengths (remove-padding). A candidate longer
+    than the budget gets a batch of its own.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = cur_sum = 0
+    for i in order:
+        n = int(lengths[i])
+        new_max, new_sum = max(cur_max, n), cur_sum + n
+        cost = new_max * (len(cur) + 1) if padded else new_sum
+        if cur and cost > token_budget:
+            batches.append(cur)
+            cur, cur_max, cur_sum = [], 0, 0
+            new_max, new_sum = n, n
+        cur.append(i)
+        cur_max, cur_sum = new_max, new_sum
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def _split(scores: Any, groups: Sequence[Sequence[Candidate]], what: str) -> list[np.ndarray]:
+    if isinstance(scores, torch.Tensor):
+        scores = scores.detach().to(torch.float64).cpu().numpy()
+    flat = np.asarray(scores, dtype=np.float64).reshape(-1)
+    total = sum(len(g) for g in groups)
+    if flat.shape[0] != total:
+        raise ValueError(f"the score provider returned {flat.shape[0]} {what} scores for {total} candidates")
+    out, off = [], 0
+    for g in groups:
+        out.append(flat[off : off + len(g)])
+        off += len(g)
+    return out
+
+
+def _provided(quantity: str) -> TrajectoryMetric:
+    def metric(groups: Sequence[Sequence[Candidate]], ctx: MetricContext) -> list[np.ndarray]:
+        if ctx.score_provider is None:
+            raise ValueError(f"trajectory metric {quantity!r} needs a score provider (the current policy's pass)")
+        flat = [c for g in groups for c in g]
+        return _split(ctx.score_provider(flat, quantity), groups, quantity)
+
+    metric.__name__ = f"{quantity}_metric"
+    metric.__doc__ = f"Mean token {quantity} of each candidate under the current policy (from the provider)."
+    return metric
+
+
+register_trajectory_metric("entropy")(_provided("entropy"))
+register_trajectory_metric("nll")(_provided("nll"))
+
+
+@register_trajectory_metric("random")
+def random_metric(groups: Sequence[Sequence[Candidate]], ctx: MetricContext) -> list[np.ndarray]:
+    """Uniform random scores from the selector's seeded RNG (the "w/o trajectory selection" ablation)."""
+    return [ctx.rng.random(len(g)) for g in groups]
+
+
+@register_trajectory_metric("diversity")
+def diversity_metric(groups: Sequence[Sequence[Candidate]], ctx: MetricContext) -> list[np.ndarray]:
+    """Mean token n-gram Jaccard overlap with the question's other candidates (mode 'min' = most distinct)."""
+    return [ngram_overlap_scores([c.token_ids for c in g], ctx.ngram) for g in groups]
+
+
+def _ngram_codes(ids: np.ndarray, n: int) -> np.ndarray:
+    """Unique 64-bit codes of the token n-grams (polynomial hash; collisions are negligible here)."""
+    x = np.asarray(ids, dtype=np.uint64)
+    if x.shape[0] < n:  # shorter than one n-gram: the whole sequence is its only "n-gram"
+        n = max(1, x.shape[0])
+    windows = np.lib.stride_tricks.sliding_window_view(x, n)
+    powers = np.full(n, 1_000_003, dtype=np.uint64) ** np.arange(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        codes = (windows * powers).sum(axis=1, dtype=np.uint64) + np.uint64(n)
+    return np.unique(codes)
+
+
+def ngram_overlap_scores(sequences: Sequence[np.ndarray], n: int = 4) -> np.ndarray:
+    """For each sequence, its mean Jaccard overlap of n-gram sets with the other sequences (0 if alone)."""
+    sets = [_ngram_codes(s, n) for s in sequences]
+    m = len(sets)
+    scores = np.zeros(m, dtype=np.float64)
+    if m < 2:
+        return scores
+    for i in range(m):
+        for j in range(i + 1, m):
+            inter = np.intersect1d(sets[i], sets[j], assume_unique=True).shape[0]
+            union = sets[i].shape[0] + sets[j].shape[0] - inter
+            jac = inter / union if union else 0.0
+            scores[i] += jac
+            scores[j] += jac
+    return scores / (m - 1)
+
+
+# ---------------------------------------------------------------------------------------------- selector
+@dataclass(frozen=True)
+class SelectedTrajectory:
+    """The trajectory chosen for a replayed question, with its score and how many were scored."""
+
+    candidate: Candidate
+    score: float
+    num_candidates: int
+
+    @property
+    def question_id(self) -> QuestionId:
+        return self.candidate.question_id
+
+    @property
+    def entry_id(self) -> int:
+        return self.candidate.entry_id
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        return self.candidate.token_ids
+
+    @property
+    def response_ids(self) -> np.ndarray:
+        """Alias of :attr:`token_ids` (the stored response token ids, EOS included)."""
+        return self.candidate.token_ids
+
+    @property
+    def behaviour_log_probs(self) -> np.ndarray:
+        return self.candidate.behaviour_log_probs
+
+
+class TrajectorySelector:
+    """Choose one trajectory per question by a registered metric; seeded RNG in :meth:`state_dict`."""
+
+    def __init__(self, metric: str = "entropy", mode: str = "min", *, seed: int = 0, ngram: int = 4):
+        get_trajectory_metric(metric)
+        if mode not in ("min", "max"):
+            raise ValueError(f"selection mode must be 'min' or 'max', got {mode!r}")
+        if ngram < 1:
+            raise ValueError(f"ngram must be >= 1, got {ngram}")
+        self.metric = metric
+        self.mode = mode
+        self.ngram = ngram
+        self.rng = np.random.default_rng([int(seed), 0x5E])  # stream distinct from the sampler's
+
+    @classmethod
+    def from_config(cls, cfg: ExGRPOConfig) -> TrajectorySelector:
+        return cls(cfg.trajectory_metric, cfg.trajectory_mode, seed=cfg.seed, ngram=cfg.diversity_ngram)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether :meth:`select` will call the score provider (i.e. the trainer must run the model pass)."""
+        return self.metric in ("entropy", "nll")
+
+    def select(
+        self, groups: Sequence[Sequence[Candidate]], score_provider: ScoreProvider | None = None
+    ) -> list[SelectedTrajectory]:
+        """One :class:`SelectedTrajectory` per candidate list, in order.
+
+        Ties go to the earliest candidate (the oldest stored). Non-finite scores are skipped; a question whose
+        scores are all non-finite is an error naming it.
+        """
+        for g in groups:
+            if not g:
+                raise ValueError("every drawn question needs at least one candidate trajectory")
+        if not groups:
+            return []
+        ctx = MetricContext(score_provider=score_provider, rng=self.rng, ngram=self.ngram)
+        scores = get_trajectory_metric(self.metric)(groups, ctx)
+        if len(scores) != len(groups):
+            raise ValueError(f"metric {self.metric!r} returned {len(scores)} score arrays for {len(groups)} questions")
+        out = []
+        for g, s in zip(groups, scores, strict=True):
+            s = np.asarray(s, dtype=np.float64)
+            if s.shape != (len(g),):
+                raise ValueError(f"metric {self.metric!r} returned shape {s.shape} for {len(g)} candidates")
+            finite = np.isfinite(s)
+            if not finite.any():
+                raise ValueError(f"all {self.metric} scores of question {g[0].question_id!r} are non-finite: {s}")
+            if self.mode == "min":
+                i = int(np.argmin(np.where(finite, s, np.inf)))
+            else:
+                i = int(np.argmax(np.where(finite, s, -np.inf)))
+            out.append(SelectedTrajectory(candidate=g[i], score=float(s[i]), num_candidates=len(g)))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_state(self.rng)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _set_rng_state(self.rng, state["rng"])
+
+
+def selection_metrics(selected: Sequence[SelectedTrajectory], prefix: str = "selection/") -> dict[str, float]:
+    """Mean selected score / candidates / length, for logging."""
+    if not selected:
+        return {}
+    return {
+        f"{prefix}score_mean": float(np.mean([s.score for s in selected])),
+        f"{prefix}candidates_mean": float(np.mean([s.num_candidates for s in selected])),
+        f"{prefix}length_mean": float(np.mean([s.candidate.length for s in selected])),
+    }

@@ -1,0 +1,100 @@
+"""Delayed start and the replay-ratio schedule (ALGORITHM.md §6, §9).
+
+Mixed mode (replayed questions in the batch) starts after the first step whose batch pass rate, (responses
+with reward 1) / (B*K), is strictly greater than tau, and never switches off. A negative tau means mixed from
+step 1 (the paper's Llama-3.1-8B base run). Optionally rho ramps linearly from 0 to its target over N steps
+after the switch (an extension; default off = constant rho).
+
+Order within a training step ``t``: draw with ``replay_ratio(t)`` (0 before mixed mode), train, collect with
+``mixed`` as it was for step ``t``, then ``update(t, pass_rate)``: a switch takes effect from step ``t + 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from exgrpo.config import ExGRPOConfig
+
+__all__ = ["ExperienceSchedule", "batch_pass_rate", "replay_count"]
+
+
+def batch_pass_rate(rewards: Iterable[float] | np.ndarray | Any) -> float:
+    """Share of responses with reward 1 among all B*K responses of the step (§9)."""
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if r.size == 0:
+        raise ValueError("batch_pass_rate needs at least one reward")
+    return float(np.count_nonzero(r >= 1.0) / r.size)
+
+
+def replay_count(batch_size: int, replay_ratio: float) -> int:
+    """floor(rho * B), robust to float error (0.29 * 100 must give 29, not 28)."""
+    if batch_size < 0:
+        raise ValueError(f"batch size must be >= 0, got {batch_size}")
+    return int(math.floor(replay_ratio * batch_size + 1e-9))
+
+
+class ExperienceSchedule:
+    """Delayed-start flag (strict >, one-way) plus the replay ratio per step; state in :meth:`state_dict`."""
+
+    def __init__(self, replay_ratio: float = 0.5, *, threshold: float = 0.35, ramp_steps: int = 0):
+        if not 0.0 <= replay_ratio < 1.0:
+            raise ValueError(f"replay ratio must be in [0, 1), got {replay_ratio}")
+        if ramp_steps < 0:
+            raise ValueError(f"ramp steps must be >= 0, got {ramp_steps}")
+        self.target_ratio = float(replay_ratio)
+        self.threshold = float(threshold)
+        self.ramp_steps = int(ramp_steps)
+        # tau < 0: mixed from the first step; the "switch" is then at step 0, before step 1.
+        self.mixed = self.threshold < 0
+        self.switch_step: int | None = 0 if self.mixed else None
+        self.last_step: int | None = None
+        self.last_pass_rate: float | None = None
+
+    @classmethod
+    def from_config(cls, cfg: ExGRPOConfig) -> ExperienceSchedule:
+        return cls(cfg.replay_ratio, threshold=cfg.delayed_start_threshold, ramp_steps=cfg.replay_ratio_ramp_steps)
+
+    def update(self, step: int, pass_rate: float) -> bool:
+        """Record this step's batch pass rate; returns True when mixed mode switched on just now."""
+        self.last_step = int(step)
+        self.last_pass_rate = float(pass_rate)
+        if not self.mixed and pass_rate > self.threshold:
+            self.mixed = True
+            self.switch_step = int(step)
+            return True
+        return False
+
+    def replay_ratio(self, step: int) -> float:
+        """rho for ``step``: 0 before mixed mode; ramps to the target over ``ramp_steps`` after the switch."""
+        if not self.mixed:
+            return 0.0
+        if self.ramp_steps == 0:
+            return self.target_ratio
+        since = step - (self.switch_step or 0)
+        return self.target_ratio * min(1.0, max(0, since) / self.ramp_steps)
+
+    def num_replay(self, step: int, batch_size: int) -> int:
+        """floor(rho_t * B) replayed questions requested at ``step`` (the sampler caps it at |valid|)."""
+        return replay_count(batch_size, self.replay_ratio(step))
+
+    def metrics(self, step: int, prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}mixed": float(self.mixed), f"{prefix}replay_ratio": self.replay_ratio(step)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "mixed": self.mixed,
+            "switch_step": self.switch_step,
+            "last_step": self.last_step,
+            "last_pass_rate": self.last_pass_rate,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mixed = bool(state["mixed"])
+        self.switch_step = None if state["switch_step"] is None else int(state["switch_step"])
+        self.last_step = None if state.get("last_step") is None else int(state["last_step"])
+        self.last_pass_rate = None if state.get("last_pass_rate") is None else float(state["last_pass_rate"])
