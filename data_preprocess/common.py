@@ -1,0 +1,355 @@
+"""Shared pieces of the dataset -> verl parquet commands (``openr1_math``, ``benchmarks``).
+
+Output rows follow verl's RL dataset convention, the same as ../shared/data/benchmarks:
+``data_source`` (str), ``prompt`` ([{content, role}]: the system instruction, then the user question),
+``ability`` ("math"), ``reward_model`` {``ground_truth`` (str), ``style`` ("rule")}, ``extra_info``
+{``index``, ``split``, ``question_id``, ``source_row``, ``sample``}.
+
+``question_id`` is the SHA-1 of the question text after Unicode NFKC normalisation and whitespace collapsing:
+it depends only on the question, never on row order or seed, so the experience pool can key questions by it
+across runs (ALGORITHM.md §2), and it exposes duplicate questions (an error unless asked to drop them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# The system instruction of the released LUFFY / ExGRPO setup (ALGORITHM.md §10: the think template): the
+# exact text of every row of ../shared/data/benchmarks, which are the released evaluation files, and of the
+# system message of the released training set Elliott/Openr1-Math-46k-8192 (LUFFY's prompt, which ExGRPO
+# reuses). The model must close "</think>" and box its answer, which is what the reward's gate checks.
+LUFFY_SYSTEM_PROMPT = (
+    "Your task is to follow a systematic, thorough reasoning process before providing the final solution. "
+    "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "
+    "multiple iterations. Structure your response into two sections: Thought and Solution. In the Thought "
+    'section, present your reasoning using the format: "<think>\n {thoughts} </think>\n". Each thought should '
+    'include detailed analysis, brainstorming, verification, and refinement of ideas. After "</think>\n," in '
+    "the Solution section, provide the final, logical, and accurate answer, clearly derived from the exploration "
+    "in the Thought section. If applicable, include the answer in \\boxed{} for closed-form results like "
+    "multiple choices or mathematical solutions."
+)
+SYSTEM_PROMPTS: dict[str, str | None] = {"luffy": LUFFY_SYSTEM_PROMPT, "none": None}
+
+ABILITY = "math"
+REWARD_STYLE = "rule"
+
+VERL_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("index", pa.int64()),
+                    ("split", pa.string()),
+                    ("question_id", pa.string()),
+                    ("source_row", pa.int64()),
+                    ("sample", pa.int64()),
+                ]
+            ),
+        ),
+    ]
+)
+
+
+class PreprocessError(ValueError):
+    """Bad input to a preprocessing command; the message names the file, column or value."""
+
+
+class MissingColumnError(PreprocessError):
+    pass
+
+
+class DuplicateQuestionError(PreprocessError):
+    pass
+
+
+_WS = re.compile(r"\s+")
+
+
+def normalize_question(text: str) -> str:
+    """NFKC, whitespace runs collapsed to one space, stripped: what two copies of one question share."""
+    return _WS.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+
+
+def question_id(text: str) -> str:
+    """Stable id of a question: SHA-1 (hex) of ``normalize_question(text)``."""
+    return hashlib.sha1(normalize_question(text).encode("utf-8")).hexdigest()
+
+
+def system_prompt_from_args(name: str, path: str | None) -> str | None:
+    """``--system-prompt NAME`` or ``--system-prompt-file PATH`` (the file wins)."""
+    if path:
+        text = Path(path).read_text(encoding="utf-8")
+        if not text.strip():
+            raise PreprocessError(f"--system-prompt-file {path} is empty")
+        return text
+    if name not in SYSTEM_PROMPTS:
+        raise PreprocessError(f"--system-prompt must be one of {sorted(SYSTEM_PROMPTS)}, got {name!r}")
+    return SYSTEM_PROMPTS[name]
+
+
+def build_prompt(user_content: str, system_prompt: str | None) -> list[dict[str, str]]:
+    messages = [] if system_prompt is None else [{"content": system_prompt, "role": "system"}]
+    messages.append({"content": user_content, "role": "user"})
+    return messages
+
+
+# ---------------------------------------------------------------------------------------------- reading input
+
+
+def table_columns(path: Path) -> list[str]:
+    """Column names of a parquet / jsonl / json file (for jsonl: the union over all rows)."""
+    suffix = _suffix(path)
+    if suffix == ".parquet":
+        return list(pq.read_schema(path).names)
+    names: dict[str, None] = {}
+    for row in _iter_json_rows(path):
+        names.update(dict.fromkeys(row))
+    return list(names)
+
+
+def read_rows(path: str | Path, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of a local parquet / jsonl / json file as dicts, only ``columns`` when given (they must exist)."""
+    path = Path(path)
+    if not path.exists():
+        raise PreprocessError(f"input file not found: {path}")
+    if columns is not None:
+        require_columns(table_columns(path), columns, path)
+    if _suffix(path) == ".parquet":
+        # Reading only the needed columns keeps e.g. OpenR1's long reference solutions out of memory.
+        return pq.read_table(path, columns=list(columns) if columns is not None else None).to_pylist()
+    rows = list(_iter_json_rows(path))
+    if columns is not None:
+        rows = [{c: r.get(c) for c in columns} for r in rows]
+    return rows
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        raise PreprocessError(f"{path}: unsupported input format {suffix!r} (use .parquet, .jsonl or .json)")
+    return suffix
+
+
+def _iter_json_rows(path: Path) -> Iterable[dict[str, Any]]:
+    if _suffix(path) == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, Mapping):  # {"data": [...]} or a column-oriented dict
+            data = data.get("data", data.get("rows", [data]))
+        if not isinstance(data, list):
+            raise PreprocessError(f"{path}: expected a JSON list of row objects")
+        for i, row in enumerate(data):
+            if not isinstance(row, Mapping):
+                raise PreprocessError(f"{path}: row {i} is not a JSON object")
+            yield dict(row)
+        return
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PreprocessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, Mapping):
+                raise PreprocessError(f"{path}:{lineno}: a JSON object per line is expected")
+            yield dict(row)
+
+
+def require_columns(columns: Iterable[str], required: Sequence[str], source: str | Path) -> None:
+    present = set(columns)
+    missing = [c for c in required if c not in present]
+    if missing:
+        raise MissingColumnError(
+            f"{source}: missing column(s) {', '.join(repr(c) for c in missing)} "
+            f"(found: {', '.join(sorted(present)) or 'none'})"
+        )
+
+
+def pick_column(columns: Iterable[str], candidates: Sequence[str], source: str | Path, what: str) -> str:
+    """The first of ``candidates`` present in ``columns``; else an error naming the column(s) and the file."""
+    present = set(columns)
+    for c in candidates:
+        if c in present:
+            return c
+    wanted = " or ".join(repr(c) for c in candidates)
+    raise MissingColumnError(
+        f"{source}: missing {what} column {wanted} (found: {', '.join(sorted(present)) or 'none'})"
+    )
+
+
+# ------------------------------------------------------------------------------------------- ground truths
+
+
+def clean_ground_truth(value: Any) -> str | None:
+    """A ground truth as one non-empty string, or None when it is empty or unusable.
+
+    Numbers become their Python string (AMC's ``142.0`` stays ``"142.0"``, as in the released files); a list
+    with exactly one answer becomes that answer; nested structures and several-answer lists are unusable here
+    (the reward would read a list as alternatives, which is not what a tuple-valued answer means).
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list | tuple):
+        items = [v for v in (clean_ground_truth(x) for x in value) if v is not None]
+        return items[0] if len(items) == 1 and len(value) == 1 else None
+    if isinstance(value, str):
+        return value.strip() or None
+    return None
+
+
+def self_verifying(ground_truths: Sequence[str], data_sources: Sequence[str], progress: bool) -> list[bool]:
+    """Whether each ground truth can be matched at all: the reward must award 1 to ``\\boxed{gt}`` against it.
+
+    This is the meaning of "unparseable" here: a ground truth the verifier cannot match to itself can never
+    give reward 1, so its question is dead weight in training and a guaranteed 0 in evaluation. It runs the
+    real reward (math-verify, under its timeout), without the exact-match shortcut.
+    """
+    from exgrpo.reward import grade_batch, last_boxed
+
+    responses = [f"\\boxed{{{gt}}}" for gt in ground_truths]
+    # Unbalanced braces ("\frac{") cannot be boxed, so no response could ever state this answer.
+    well_formed = [last_boxed(r) == gt for r, gt in zip(responses, ground_truths, strict=True)]
+    results = grade_batch(
+        responses, list(ground_truths), list(data_sources), think_gate=False, exact_shortcut=False, progress=progress
+    )
+    return [ok and r.correct for ok, r in zip(well_formed, results, strict=True)]
+
+
+# ------------------------------------------------------------------------------------------ duplicates / ids
+
+
+def duplicate_ids(ids: Sequence[str]) -> dict[str, list[int]]:
+    """question_id -> the row positions holding it, for ids seen more than once."""
+    counts = Counter(ids)
+    dups: dict[str, list[int]] = {}
+    for i, qid in enumerate(ids):
+        if counts[qid] > 1:
+            dups.setdefault(qid, []).append(i)
+    return dups
+
+
+def raise_on_duplicates(dups: Mapping[str, list[int]], source: str, questions: Sequence[str]) -> None:
+    if not dups:
+        return
+    examples = []
+    for qid, rows in list(dups.items())[:5]:
+        text = normalize_question(questions[rows[0]])
+        examples.append(f"{qid[:12]} (rows {rows[:4]}): {text[:60]!r}")
+    raise DuplicateQuestionError(
+        f"{source}: {len(dups)} question id(s) occur more than once, e.g. "
+        + "; ".join(examples)
+        + ". Pass --drop-duplicates to keep the first copy of each."
+    )
+
+
+# ------------------------------------------------------------------------------------------- prompt length
+
+
+def load_tokenizer(path: str) -> Any:
+    """A Hugging Face tokenizer from a local directory (or a Hub id when online)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def prompt_token_lengths(prompts: Sequence[list[dict[str, str]]], tokenizer: Any, progress: bool) -> list[int]:
+    """Tokens of each prompt as verl counts them (``RLHFDataset`` filter): the chat template with the
+    generation prompt, no extra special tokens. Tokenised in batches."""
+    from tqdm.auto import tqdm
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise PreprocessError("the tokenizer has no chat template; verl applies one to every prompt")
+    lengths: list[int] = []
+    batch = 512
+    for start in tqdm(range(0, len(prompts), batch), desc="prompt lengths", unit="batch", disable=not progress):
+        texts = [
+            tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
+            for p in prompts[start : start + batch]
+        ]
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        lengths.extend(len(ids) for ids in encoded)
+    return lengths
+
+
+# --------------------------------------------------------------------------------------------- output rows
+
+
+def verl_row(
+    *,
+    data_source: str,
+    prompt: list[dict[str, str]],
+    ground_truth: str,
+    index: int,
+    split: str,
+    qid: str,
+    source_row: int,
+    sample: int = 0,
+) -> dict[str, Any]:
+    return {
+        "data_source": data_source,
+        "prompt": prompt,
+        "ability": ABILITY,
+        "reward_model": {"ground_truth": ground_truth, "style": REWARD_STYLE},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "question_id": qid,
+            "source_row": source_row,
+            "sample": sample,
+        },
+    }
+
+
+def write_verl_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows with ``VERL_SCHEMA`` to ``path`` (temporary name, then rename: no half-written file)."""
+    path = Path(path)
+    if path.suffix != ".parquet":
+        raise PreprocessError(f"output must be a .parquet file, got {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class Report:
+    """Row counts of one command run, printed at the end and returned by ``run``."""
+
+    source: str
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, key: str, n: int) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def format(self) -> str:
+        width = max((len(k) for k in self.counts), default=0)
+        lines = [f"[{self.source}]"] + [f"  {k:<{width}}  {v:>8,}" for k, v in self.counts.items()]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""Answer extraction for the verifiable reward (ALGORITHM.md §10): the think gate, the last ``\\boxed{}`` and
+the option letter of multiple-choice questions.
+
+Everything here is plain string scanning that runs in time linear in the response length (no backtracking
+regular expressions over the whole response), so it is safe to run in the caller's thread without a timeout;
+only the math-verify comparison (``exgrpo.reward.math_verifier``) needs the timeout of ``exgrpo.reward.isolation``.
+"""
+
+from __future__ import annotations
+
+import re
+
+THINK_CLOSE = "</think>"
+
+# ``\fbox`` is what some models write instead of ``\boxed``; both mark the final answer.
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+# Option labels: MMLU-Pro has up to ten options (A-J); a few ARC-Challenge questions number them 1-5.
+LETTER_LABELS = "ABCDEFGHIJ"
+DIGIT_LABELS = "123456789"
+
+
+def split_after_think(text: str, marker: str = THINK_CLOSE) -> str | None:
+    """The text after the *last* ``</think>``, or None when the response never closes its think block.
+
+    The released reward graded only what follows ``</think>`` and gave 0 without it (ALGORITHM.md §10); taking
+    the last marker means a model that re-opens and closes thinking is graded on its final solution section.
+    """
+    idx = text.rfind(marker)
+    if idx < 0:
+        return None
+    return text[idx + len(marker) :]
+
+
+def _braced_group(text: str, open_idx: int) -> int | None:
+    """Index of the ``}`` closing the ``{`` at ``open_idx`` (nested groups counted, ``\\{`` / ``\\}`` skipped)."""
+    depth = 0
+    i = open_idx
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # an escaped character (``\{``, ``\}``, ``\\``) never opens or closes a group
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _box_content_at(text: str, start: int, command: str) -> str | None:
+    """Content of ``\\boxed{...}`` / ``\\boxed x`` starting at ``start``, or None if malformed or truncated."""
+    i = start + len(command)
+    n = len(text)
+    if i < n and text[i].isalpha():
+        return None  # another command that merely starts with the same letters (e.g. ``\boxedsymbol``)
+    while i < n and text[i] in " \t":
+        i += 1
+    if i >= n:
+        return None
+    if text[i] == "{":
+        close = _braced_group(text, i)
+        if close is None:
+            return None  # truncated response: the box never closes
+        return text[i + 1 : close]
+    if i == start + len(command):
+        return None  # ``\boxed`` glued to a non-brace, non-space character
+    # ``\boxed 5`` (the MATH dataset's brace-less form): the answer runs to the next space or ``$``.
+    end = i
+    while end < n and not text[end].isspace() and text[end] != "$":
+        end += 1
+    return text[i:end] if end > i else None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last well-formed ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``; None when there is none.
+
+    Nested braces are matched (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``). A box left open at the end
+    of a truncated response is skipped in favour of the previous complete one.
+    """
+    end = len(text)
+    while True:
+        best, command = -1, ""
+        for cmd in _BOX_COMMANDS:
+            pos = text.rfind(cmd, 0, end)
+            if pos > best:
+                best, command = pos, cmd
+        if best < 0:
+            return None
+        content = _box_content_at(text, best, command)
+        if content is not None:
+            return content
+        end = best
+
+
+_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mathit|textrm|bf|rm|mbox)\s*\{(.*)\}$", re.S)
+# Forms of a boxed option besides the bare label; only upper-case labels, so a boxed expression such as
+# ``a + b`` is never read as option A.
+_FRAGMENT_FORMS = (
+    re.compile(r"^\(([A-Z0-9])\)"),  # (B) 10 eV
+    re.compile(r"^([A-Z0-9])[).:](?:\s|$)"),  # B) 10 eV / B. / B:
+    re.compile(r"^(?i:option|choice)\s?\(?([A-Z0-9])\)?(?:[.:\s]|$)"),  # Option B / choice (B)
+)
+_FRAGMENT_MAX = 64  # a boxed option is short; longer boxed text is not an option and is not scanned further
+
+
+def _label_from_fragment(fragment: str, labels: str) -> str | None:
+    """The option label a boxed answer names: ``B``, ``(B)``, ``\\text{B}``, ``B) 10 eV``, ``Option B`` -> ``B``."""
+    s = fragment.strip()[:_FRAGMENT_MAX].strip("$").strip()
+    for _ in range(3):  # unwrap at most a few nested ``\text{\textbf{B}}`` layers
+        m = _WRAPPER.match(s)
+        if not m:
+            break
+        s = m.group(1).strip()
+    s = s.strip("*").strip()
+    if len(s) == 1:
+        cand = s.upper()  # a lone boxed letter may be lower case
+        return cand if cand in labels else None
+    for form in _FRAGMENT_FORMS:
+        m = form.match(s)
+        if m:
+            return m.group(1) if m.group(1) in labels else None
+    return None
+
+
+_ANSWER_WORD = re.compile(r"(?i)answer")
+_PHRASE_WINDOW = 48  # characters after "answer" that may hold the label; bounds the cost of each match
+
+
+def _phrase_pattern(labels: str) -> re.Pattern[str]:
+    # "answer is (B)", "Answer: B", "ANSWER: $B$", "answer is **B**", "answer choice B"; the label itself is
+    # case-sensitive (upper case only) so that "the answer is a ..." is not read as option A.
+    cls = re.escape(labels)
+    return re.compile(r"(?:\s*(?i:is))?(?:\s*(?i:option|choice))?[\s:\-*$(\[{]*([" + cls + r"])(?![A-Za-z0-9])")
+
+
+def _final_line_pattern(labels: str) -> re.Pattern[str]:
+    # a last line that is just the option: "B", "(B)", "B.", "**B**", "$B$", or "B) 10^-4 eV" / "B. text"
+    cls = re.escape(labels)
+    return re.compile(r"[\s*$]*\(?([" + cls + r"])(?:[).:](?:\s.*)?|\)?\**\$?\s*)$")
+
+
+_PHRASE = {labels: _phrase_pattern(labels) for labels in (LETTER_LABELS, DIGIT_LABELS)}
+_FINAL_LINE = {labels: _final_line_pattern(labels) for labels in (LETTER_LABELS, DIGIT_LABELS)}
+_FINAL_LINE_MAX = 256
+
+
+def choice_labels(ground_truth: str) -> str | None:
+    """The label alphabet of a multiple-choice ground truth (``"C"`` -> A-J, ``"2"`` -> 1-9), or None."""
+    gt = ground_truth.strip().strip("()").strip()
+    if len(gt) == 1:
+        if gt.upper() in LETTER_LABELS:
+            return LETTER_LABELS
+        if gt in DIGIT_LABELS:
+            return DIGIT_LABELS
+    return None
+
+
+def extract_choice_label(text: str, labels: str = LETTER_LABELS) -> str | None:
+    """The option a response chooses, by this rule (first that applies):
+
+    1. the last ``\\boxed{}``, when it names an option (``\\boxed{B}``, ``\\boxed{(B)}``, ``\\boxed{\\text{B}}``,
+       ``\\boxed{B) 10 eV}``, ``\\boxed{Option B}``; a lone lower-case boxed letter counts too);
+    2. the last "answer is B" / "Answer: (B)" / "ANSWER: B" / "answer is **B**" phrase (GPQA's prompt asks for
+       ``ANSWER: $LETTER``);
+    3. the last non-empty line, when it is just the option (``B``, ``(B)``, ``B.``, ``**B**``, ``B) text``).
+
+    Letters in running text ("option (A) is wrong, (C) ...") are deliberately ignored: models list options while
+    reasoning, so a bare mention is no answer. Outside a box the label must be upper case. Returns the label
+    (upper case) or None.
+    """
+    if labels not in _PHRASE:
+        raise ValueError(f"labels must be {LETTER_LABELS!r} or {DIGIT_LABELS!r}, got {labels!r}")
+    boxed = last_boxed(text)
+    if boxed is not None:
+        label = _label_from_fragment(boxed, labels)
+        if label is not None:
+            return label
+    phrase = _PHRASE[labels]
+    # Scan "answer" occurrences from the last one back, each within a short window, so the cost stays linear.
+    for m in reversed(list(_ANSWER_WORD.finditer(text))):
+        found = phrase.match(text, m.end(), min(len(text), m.end() + _PHRASE_WINDOW))
+        if found:
+            return found.group(1)
+    stripped = text.rstrip()
+    if not stripped:
+        return None
+    final_line = stripped[stripped.rfind("\n") + 1 :]
+    if len(final_line) > _FINAL_LINE_MAX:
+        return None
+    m = _FINAL_LINE[labels].fullmatch(final_line)
+    return m.group(1) if m else None
+
+
+_WS = re.compile(r"\s+")
+_SPACING = re.compile(r"\\[,;:! ]|\\(?:left|right|displaystyle)(?![A-Za-z])")
+
+
+def canonical_answer(text: str) -> str:
+    """A conservative normal form for the exact-match shortcut: answers equal here are equal for math-verify too.
+
+    Only what LaTeX itself ignores is dropped (whitespace, spacing commands, ``\\left``/``\\right``, ``$``
+    delimiters, a trailing full stop), so two different answers never collapse to the same string.
+    """
+    s = _SPACING.sub("", text)
+    s = _WS.sub("", s).rstrip(".").strip("$").rstrip(".")
+    return s
