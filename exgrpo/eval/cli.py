@@ -1,0 +1,446 @@
+"""``python -m exgrpo.eval`` / ``exgrpo-eval``: generate, grade and report, following ALGORITHM.md §12.
+
+Subcommands:
+  run       generate (resumable) + grade + report, for one checkpoint and one or more benchmark parquets
+  generate  generation only (resumable JSONL under OUT/generations/)
+  score     grade the generations in OUT and write the report
+  report    re-render tables/charts from one or more results JSON files (merges rows of the same label)
+
+Output directory layout:
+  OUT/run.json                         the run's settings (model, backend, template, sampling, seed, versions)
+  OUT/generations/<data>.jsonl         one line per (row, sample); <data>.jsonl.meta.json guards resuming
+  OUT/scores/<data>.jsonl              the grade of every sample
+  OUT/results.json, OUT/results.csv    per-benchmark metrics + everything that determines them
+  OUT/table.md, OUT/table.csv, OUT/table.png   paper-style table beside the paper's reference rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from exgrpo.eval.generate import (
+    BACKENDS,
+    EvalRow,
+    GenerationBackend,
+    GenerationStore,
+    PromptFormat,
+    ResumeMismatchError,
+    SamplingSettings,
+    build_backend,
+    chat_template_sha,
+    file_sha256,
+    generate_to_jsonl,
+    generation_fingerprint,
+    library_versions,
+    load_benchmark_rows,
+    plan_samples,
+    read_generations,
+)
+from exgrpo.eval.grading import DEFAULT_GRADER, Grader, grade_records, summarize
+from exgrpo.eval.report import (
+    REFERENCE_CHOICES,
+    EvalResults,
+    TableRow,
+    load_results,
+    now_iso,
+    parse_reference_markdown,
+    render_markdown,
+    write_report,
+)
+
+DEFAULT_BATCH_SIZE = {"hf": 8, "vllm": 2048}
+
+
+@dataclass
+class EvalConfig:
+    """Everything one evaluation run needs; the CLI fills it from flags, tests and scripts build it directly."""
+
+    model: str
+    data: list[str]
+    out_dir: str
+    backend: str = "vllm"
+    label: str | None = None
+    prompt_format: PromptFormat = field(default_factory=PromptFormat)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    batch_size: int | None = None  # sequences per generation call; default per backend
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    device: str | None = None
+    data_sources: list[str] | None = None
+    max_questions_per_source: int | None = None
+    max_rows: int | None = None
+    grader: str = DEFAULT_GRADER
+    think_gate: bool = True
+    grader_timeout_s: float = 10.0
+    reference: str = "table1"
+    reference_file: str | None = None
+    plot: bool = True
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.reference not in REFERENCE_CHOICES:
+            raise ValueError(f"reference must be one of {REFERENCE_CHOICES}, got {self.reference!r}")
+        if not self.data:
+            raise ValueError("no benchmark parquet given (data)")
+        stems = [pathlib.Path(d).stem for d in self.data]
+        dup = sorted({s for s in stems if stems.count(s) > 1})
+        if dup:
+            raise ValueError(f"data files must have distinct names (generations are stored per name): {dup}")
+
+    @property
+    def out(self) -> pathlib.Path:
+        return pathlib.Path(self.out_dir)
+
+    def resolved_label(self) -> str:
+        """``label``, else from the model path: ``exp/global_step_500/actor/huggingface`` -> ``exp/global_step_500``."""
+        if self.label:
+            return self.label
+        parts = [p for p in pathlib.Path(self.model.rstrip("/")).parts if p not in ("/", "")]
+        while len(parts) > 1 and parts[-1] in ("huggingface", "hf", "actor"):
+            parts.pop()
+        if not parts:
+            return self.model
+        step_like = parts[-1].startswith(("global_step_", "checkpoint-", "step_"))
+        return "/".join(parts[-2:] if step_like and len(parts) > 1 else parts[-1:])
+
+    def generation_path(self, data: str) -> pathlib.Path:
+        return self.out / "generations" / f"{pathlib.Path(data).stem}.jsonl"
+
+    def score_path(self, data: str) -> pathlib.Path:
+        return self.out / "scores" / f"{pathlib.Path(data).stem}.jsonl"
+
+    def load_rows(self, data: str) -> list[EvalRow]:
+        return load_benchmark_rows(
+            data,
+            data_sources=self.data_sources,
+            max_questions_per_source=self.max_questions_per_source,
+            max_rows=self.max_rows,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["data"] = [str(pathlib.Path(p).resolve()) for p in self.data]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalConfig:
+        d = dict(d)
+        d["prompt_format"] = PromptFormat(**d.get("prompt_format", {}))
+        d["sampling"] = SamplingSettings(**d.get("sampling", {}))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _run_file(cfg: EvalConfig) -> pathlib.Path:
+    return cfg.out / "run.json"
+
+
+def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[str, int]:
+    """Generate every missing (row, sample) of every data file; returns new samples per file."""
+    rows = {data: cfg.load_rows(data) for data in cfg.data}  # bad files or filters stop here, before anything
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    stores = {}
+    for data in cfg.data:  # open every store before the model loads: a settings mismatch stops early
+        fp = generation_fingerprint(
+            model=cfg.model, backend=cfg.backend, data=data, prompt_format=cfg.prompt_format, sampling=cfg.sampling
+        )
+        stores[data] = GenerationStore.open(cfg.generation_path(data), fp, overwrite=cfg.overwrite)
+    pending = {
+        data: sum(
+            1
+            for r in rows[data]
+            for s in range(plan_samples(rows[data], cfg.sampling.n_samples)[r.row])
+            if (r.row, s) not in stores[data].records
+        )
+        for data in cfg.data
+    }
+    meta = _run_metadata(cfg, backend=None)
+    if any(pending.values()):
+        if backend is None:
+            backend = build_backend(
+                cfg.backend,
+                cfg.model,
+                cfg.sampling,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                tensor_parallel_size=cfg.tensor_parallel_size,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                max_model_len=cfg.max_model_len,
+            )
+        meta = _run_metadata(cfg, backend=backend)
+    _run_file(cfg).write_text(json.dumps({"config": cfg.to_dict(), "metadata": meta}, indent=2), encoding="utf-8")
+    generated = {}
+    for data in cfg.data:
+        if not pending[data]:
+            generated[data] = 0
+            continue
+        generated[data] = generate_to_jsonl(
+            backend,
+            rows[data],
+            stores[data],
+            prompt_format=cfg.prompt_format,
+            sampling=cfg.sampling,
+            batch_size=cfg.batch_size or DEFAULT_BATCH_SIZE[cfg.backend],
+            progress=cfg.progress,
+            desc=f"generate {pathlib.Path(data).stem}",
+        )
+    return generated
+
+
+def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[str, Any]:
+    """What the results must carry (ALGORITHM.md §12: vLLM version, template and grader change scores)."""
+    old = {}
+    if _run_file(cfg).is_file():
+        old = json.loads(_run_file(cfg).read_text(encoding="utf-8")).get("metadata", {})
+    sha = (
+        chat_template_sha(backend.tokenizer)
+        if backend is not None
+        else old.get("template", {}).get("chat_template_sha")
+    )
+    return {
+        "model": cfg.model,
+        "backend": cfg.backend,
+        "tensor_parallel_size": cfg.tensor_parallel_size if cfg.backend == "vllm" else None,
+        "template": {
+            "kind": cfg.prompt_format.template,
+            "chat_template_sha": sha,
+            "system_prompt_mode": cfg.prompt_format.system_prompt_mode,
+            "system_prompt": cfg.prompt_format.system_prompt,
+        },
+        "sampling": asdict(cfg.sampling),
+        "seed": cfg.sampling.seed,
+        "data": [{"path": str(pathlib.Path(d).resolve()), "sha256": file_sha256(d)} for d in cfg.data],
+        "selection": {
+            "data_sources": cfg.data_sources,
+            "max_questions_per_source": cfg.max_questions_per_source,
+            "max_rows": cfg.max_rows,
+        },
+        "versions": library_versions() if backend is not None or not old else old.get("versions", {}),
+        "generated_at": now_iso() if backend is not None else old.get("generated_at"),
+    }
+
+
+def score(cfg: EvalConfig, grader: Grader | None = None, *, allow_partial: bool = False) -> EvalResults:
+    """Grade the planned generations of every data file and summarise them per benchmark."""
+    if grader is None:
+        grader = Grader(cfg.grader, think_gate=cfg.think_gate, timeout_s=cfg.grader_timeout_s)
+    graded_all = []
+    data_meta = []
+    for data in cfg.data:
+        rows = cfg.load_rows(data)
+        plan = plan_samples(rows, cfg.sampling.n_samples)
+        records = read_generations(cfg.generation_path(data))
+        keys = [(r.row, s) for r in rows for s in range(plan[r.row])]
+        missing = [k for k in keys if k not in records]
+        if missing and not allow_partial:
+            raise RuntimeError(
+                f"{cfg.generation_path(data)}: {len(missing)} of {len(keys)} planned samples are not generated "
+                f"yet (first: row {missing[0][0]}, sample {missing[0][1]}); run 'generate' again to finish them"
+            )
+        graded = grade_records(
+            [records[k] for k in keys if k in records],
+            grader,
+            progress=cfg.progress,
+            desc=f"grade {pathlib.Path(data).stem}",
+        )
+        path = cfg.score_path(data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as f:
+            for g in graded:
+                keep = ("row", "sample", "benchmark", "question_id", "score", "outcome", "num_tokens", "finish_reason")
+                f.write(json.dumps({k: g.get(k) for k in keep}) + "\n")
+        graded_all.extend(graded)
+        data_meta.append(
+            {
+                "path": str(pathlib.Path(data).resolve()),
+                "sha256": file_sha256(data),
+                "rows": len(rows),
+                "samples": len(graded),
+            }
+        )
+    meta = _run_metadata(cfg, backend=None)
+    meta["data"] = data_meta
+    meta["grader"] = grader.describe()
+    meta["scored_at"] = now_iso()
+    return EvalResults(label=cfg.resolved_label(), benchmarks=summarize(graded_all), metadata=meta)
+
+
+def _reference(cfg_reference: str, reference_file: str | None) -> str | list[TableRow]:
+    if reference_file is None or cfg_reference == "none":
+        return cfg_reference
+    tables = parse_reference_markdown(pathlib.Path(reference_file).read_text(encoding="utf-8"))
+    if cfg_reference not in tables:
+        raise ValueError(f"{reference_file}: no {cfg_reference!r} with the paper's columns (found {sorted(tables)})")
+    return tables[cfg_reference]
+
+
+def evaluate(
+    cfg: EvalConfig, backend: GenerationBackend | None = None, grader: Grader | None = None
+) -> tuple[EvalResults, dict[str, pathlib.Path]]:
+    """The whole pipeline: generate (resuming), grade, and write results JSON/CSV, table.md/csv and table.png."""
+    generate(cfg, backend)
+    results = score(cfg, grader)
+    paths = write_report(results, cfg.out, _reference(cfg.reference, cfg.reference_file), plot=cfg.plot)
+    return results, paths
+
+
+# --- command line --------------------------------------------------------------------------------------------
+
+
+def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) -> None:
+    p.add_argument("--out", required=True, help="output directory (generations, scores, results, table)")
+    if generation:
+        p.add_argument("--model", required=True, help="checkpoint: a Hugging Face model directory")
+        p.add_argument("--data", nargs="+", required=True, help="benchmark parquet file(s) in verl format")
+        p.add_argument("--backend", choices=BACKENDS, default="vllm", help="vllm on GPUs (the paper's), hf on CPU")
+        p.add_argument("--label", help="row name in the table (default: from the model path)")
+        p.add_argument("--template", choices=("chat", "plain"), default="chat", help="prompt template")
+        sys_group = p.add_mutually_exclusive_group()
+        sys_group.add_argument("--system-prompt", help="replace the dataset's system prompt with this text")
+        sys_group.add_argument("--no-system-prompt", action="store_true", help="drop the dataset's system prompt")
+        p.add_argument("--temperature", type=float, default=0.6)
+        p.add_argument("--top-p", type=float, default=1.0)
+        p.add_argument("--max-new-tokens", type=int, default=8192)
+        p.add_argument(
+            "--n-samples",
+            type=int,
+            default=None,
+            help="samples per row (default: protocol — 32 per AIME24/AIME25/AMC question split over its repeated "
+            "rows, 1 elsewhere)",
+        )
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--batch-size", type=int, help="sequences per generation call (default: hf 8, vllm 2048)")
+        p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM tensor parallel size (GPUs)")
+        p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM")
+        p.add_argument("--max-model-len", type=int, help="vLLM context length (default: the model's)")
+        p.add_argument("--dtype", default="auto", help="model dtype (auto: bf16 on GPU, fp32 on CPU for hf)")
+        p.add_argument("--device", help="hf backend device (default: cuda if available else cpu)")
+        p.add_argument("--data-sources", nargs="+", help="only these benchmarks (data_source values)")
+        p.add_argument("--max-questions-per-source", type=int, help="first N distinct questions per benchmark")
+        p.add_argument("--max-rows", type=int, help="first N rows (after the other filters)")
+        p.add_argument("--overwrite", action="store_true", help="discard existing generations instead of resuming")
+    if grading:
+        p.add_argument("--grader", default=DEFAULT_GRADER, help="checker as module:function")
+        p.add_argument(
+            "--think-gate",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="count an answer only after a closing </think> (on for think-template models, off for "
+            "base/instruct models)",
+        )
+        p.add_argument("--grader-timeout", type=float, default=10.0, help="seconds per answer")
+        p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1", help="paper rows to print")
+        p.add_argument("--reference-file", help="read the reference rows from PAPER_RESULTS.md instead")
+        p.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="exgrpo-eval", description="ExGRPO evaluation (paper protocol: ALGORITHM.md §12)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_common(sub.add_parser("run", help="generate + grade + report"), generation=True, grading=True)
+    _add_common(sub.add_parser("generate", help="generate only (resumable)"), generation=True, grading=False)
+    p = sub.add_parser("score", help="grade the generations in --out and write the report")
+    _add_common(p, generation=False, grading=True)
+    p.add_argument("--allow-partial", action="store_true", help="grade what exists even if generation is unfinished")
+    p = sub.add_parser("report", help="render the table from results JSON file(s)")
+    p.add_argument("results", nargs="+", help="results.json file(s); rows with the same label are merged")
+    p.add_argument("--out", help="also write table.md, table.csv and table.png here")
+    p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1")
+    p.add_argument("--reference-file", help="read the reference rows from PAPER_RESULTS.md instead")
+    p.add_argument("--no-plot", action="store_true")
+    return parser
+
+
+def _config_from_args(a: argparse.Namespace) -> EvalConfig:
+    system_prompt = "" if a.no_system_prompt else a.system_prompt
+    return EvalConfig(
+        model=a.model,
+        data=list(a.data),
+        out_dir=a.out,
+        backend=a.backend,
+        label=a.label,
+        prompt_format=PromptFormat(template=a.template, system_prompt=system_prompt),
+        sampling=SamplingSettings(
+            temperature=a.temperature,
+            top_p=a.top_p,
+            max_new_tokens=a.max_new_tokens,
+            seed=a.seed,
+            n_samples=a.n_samples,
+        ),
+        batch_size=a.batch_size,
+        tensor_parallel_size=a.tensor_parallel_size,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        max_model_len=a.max_model_len,
+        dtype=a.dtype,
+        device=a.device,
+        data_sources=a.data_sources,
+        max_questions_per_source=a.max_questions_per_source,
+        max_rows=a.max_rows,
+        grader=getattr(a, "grader", DEFAULT_GRADER),
+        think_gate=getattr(a, "think_gate", True),
+        grader_timeout_s=getattr(a, "grader_timeout", 10.0),
+        reference=getattr(a, "reference", "table1"),
+        reference_file=getattr(a, "reference_file", None),
+        plot=not getattr(a, "no_plot", False),
+        overwrite=a.overwrite,
+        progress=not a.no_progress,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return _main(a)
+    except (ValueError, FileNotFoundError, ImportError, ResumeMismatchError, RuntimeError) as e:
+        # configuration and data problems: one clear line instead of a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(a: argparse.Namespace) -> int:
+    if a.command in ("run", "generate"):
+        cfg = _config_from_args(a)
+        if a.command == "generate":
+            done = generate(cfg)
+            print(json.dumps({pathlib.Path(k).name: v for k, v in done.items()}))
+            return 0
+        results, paths = evaluate(cfg)
+    elif a.command == "score":
+        run_file = pathlib.Path(a.out) / "run.json"
+        if not run_file.is_file():
+            raise SystemExit(f"error: {run_file} not found; run 'generate' (or 'run') with --out {a.out} first")
+        cfg = EvalConfig.from_dict(json.loads(run_file.read_text(encoding="utf-8"))["config"])
+        cfg.grader, cfg.think_gate, cfg.grader_timeout_s = a.grader, a.think_gate, a.grader_timeout
+        cfg.reference, cfg.reference_file, cfg.plot = a.reference, a.reference_file, not a.no_plot
+        cfg.progress = not a.no_progress
+        results = score(cfg, allow_partial=a.allow_partial)
+        paths = write_report(results, cfg.out, _reference(cfg.reference, cfg.reference_file), plot=cfg.plot)
+    else:
+        loaded = [load_results(p) for p in a.results]
+        reference = _reference(a.reference, a.reference_file)
+        print(render_markdown(loaded, reference), end="")
+        if a.out:
+            paths = write_report(loaded, a.out, reference, plot=not a.no_plot)
+            print("\n".join(f"{k}: {v}" for k, v in paths.items()), file=sys.stderr)
+        return 0
+    print(render_markdown([results], _reference(cfg.reference, cfg.reference_file)), end="")
+    print("\n".join(f"{k}: {v}" for k, v in paths.items()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

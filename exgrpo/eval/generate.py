@@ -1,0 +1,594 @@
+"""Answer generation for the evaluation protocol (ALGORITHM.md §12): data loading, prompt rendering, the
+sample plan (avg@32 on AIME/AMC, one sample elsewhere), the vLLM and Hugging Face backends, and a resumable
+JSONL writer.
+
+Resumability: every generated sample is one JSONL line keyed by ``(row, sample)`` — the row's position in the
+parquet and the sample's index within that row. Lines are written and flushed after every batch; a restart reads
+the file, drops a torn last line, and generates only the ``(row, sample)`` pairs that are missing. A sidecar
+``<file>.meta.json`` records the settings that shape a generation (model, backend, template, system prompt,
+sampling, seed); resuming with different settings is refused so one file never mixes two configurations.
+
+Neither backend library is imported at module import: ``transformers``/``torch`` load when the HF backend is
+built, ``vllm`` only when the vLLM backend is built (it is not part of the CPU stack).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any, Protocol
+
+from exgrpo.eval.metrics import canonical_benchmark, protocol_samples_per_question
+
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+
+# --- data ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalRow:
+    """One row of a verl benchmark parquet."""
+
+    row: int  # position in the parquet file (stable key for resuming, independent of any filtering)
+    data_source: str
+    benchmark: str  # canonical key (see metrics.canonical_benchmark)
+    question_id: str  # same for the repeated copies of one question (test_id.parquet repeats AIME/AMC 32x)
+    messages: list[dict[str, str]]
+    ground_truth: str | list[str]
+
+
+def _question_id(messages: Sequence[Mapping[str, str]], ground_truth: str | list[str]) -> str:
+    # The system prompt is excluded so that replacing it does not split a question into two.
+    payload = json.dumps(
+        [[m["role"], m["content"]] for m in messages if m["role"] != "system"] + [ground_truth],
+        ensure_ascii=False,
+    )
+    return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def load_benchmark_rows(
+    path: str | os.PathLike,
+    *,
+    data_sources: Sequence[str] | None = None,
+    max_questions_per_source: int | None = None,
+    max_rows: int | None = None,
+) -> list[EvalRow]:
+    """Read a verl parquet (``data_source``, ``prompt`` [{role, content}], ``reward_model.ground_truth``).
+
+    ``data_sources`` keeps only those benchmarks (canonical or raw names); ``max_questions_per_source`` keeps the
+    first N distinct questions of each benchmark with all their repeated rows; ``max_rows`` keeps the first N rows
+    left after the other filters. Row numbers stay the file positions.
+    """
+    import pyarrow.parquet as pq
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark parquet not found: {path}")
+    table = pq.read_table(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; expected verl format with {list(REQUIRED_COLUMNS)}")
+    wanted = None if not data_sources else {canonical_benchmark(s) for s in data_sources}
+    sources = table.column("data_source").to_pylist()
+    prompts = table.column("prompt").to_pylist()
+    rewards = table.column("reward_model").to_pylist()
+    rows: list[EvalRow] = []
+    seen_questions: dict[str, set[str]] = {}
+    for i, (src, prompt, reward) in enumerate(zip(sources, prompts, rewards)):
+        bench = canonical_benchmark(src)
+        if wanted is not None and bench not in wanted:
+            continue
+        if not isinstance(prompt, list) or not prompt or not all({"role", "content"} <= set(m) for m in prompt):
+            raise ValueError(f"{path}: row {i}: column 'prompt' must be a non-empty list of {{role, content}}")
+        if not isinstance(reward, Mapping) or "ground_truth" not in reward:
+            raise ValueError(f"{path}: row {i}: column 'reward_model' must hold a 'ground_truth' field")
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        gt = reward["ground_truth"]
+        # A list is a set of acceptable answers: kept as a list, the reward's checker accepts any of them.
+        gt = [str(x) for x in gt] if isinstance(gt, (list, tuple)) else str(gt)
+        qid = _question_id(messages, gt)
+        if max_questions_per_source is not None:
+            seen = seen_questions.setdefault(bench, set())
+            if qid not in seen and len(seen) >= max_questions_per_source:
+                continue
+            seen.add(qid)
+        rows.append(EvalRow(i, str(src), bench, qid, messages, gt))
+        if max_rows is not None and len(rows) >= max_rows:
+            break
+    if not rows:
+        raise ValueError(f"{path}: no rows left (data_sources={data_sources}, max_rows={max_rows})")
+    return rows
+
+
+# --- prompts -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PromptFormat:
+    """How a row's messages become the model's input.
+
+    template: "chat" applies the tokenizer's chat template with the generation prompt (the paper's setting);
+              "plain" joins the message contents with blank lines (for base models without a chat template).
+    system_prompt: None keeps the dataset's system message; "" drops it; any other text replaces it.
+    """
+
+    template: str = "chat"
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.template not in ("chat", "plain"):
+            raise ValueError(f"template must be 'chat' or 'plain', got {self.template!r}")
+
+    @property
+    def system_prompt_mode(self) -> str:
+        return "dataset" if self.system_prompt is None else "none" if self.system_prompt == "" else "custom"
+
+    def messages(self, messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+        out = [dict(m) for m in messages]
+        if self.system_prompt is None:
+            return out
+        out = [m for m in out if m["role"] != "system"]
+        if self.system_prompt:
+            out.insert(0, {"role": "system", "content": self.system_prompt})
+        return out
+
+    def render(self, tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
+        msgs = self.messages(messages)
+        if self.template == "plain":
+            return "\n\n".join(m["content"] for m in msgs) + "\n"
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("template='chat' but the tokenizer has no chat_template; use template='plain'")
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def chat_template_sha(tokenizer: Any) -> str | None:
+    """Short hash of the tokenizer's chat template, recorded with results (templates change scores)."""
+    tpl = getattr(tokenizer, "chat_template", None)
+    if tpl is None:
+        return None
+    text = tpl if isinstance(tpl, str) else json.dumps(tpl, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# --- sampling and the sample plan ----------------------------------------------------------------------------
+
+
+@dataclass
+class SamplingSettings:
+    """The protocol's sampling (ALGORITHM.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
+
+    n_samples: None follows the protocol (32 samples per AIME24/AIME25/AMC question, split over the question's
+    repeated rows, so test_id.parquet — already repeated 32x — gets one sample per row); an int is the number of
+    samples per row for every benchmark.
+    """
+
+    temperature: float = 0.6
+    top_p: float = 1.0
+    max_new_tokens: int = 8192
+    seed: int = 0
+    n_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n_samples is not None and self.n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1 or None (protocol), got {self.n_samples}")
+
+
+def plan_samples(rows: Sequence[EvalRow], n_samples: int | None = None) -> dict[int, int]:
+    """Samples to draw per row, ``{row: n}``.
+
+    With ``n_samples=None`` each question gets the protocol's sample count spread over its repeated rows
+    (ceil(target / copies) per row), so both pre-repeated files and one-row-per-question files reach avg@32.
+    """
+    if n_samples is not None:
+        return {r.row: n_samples for r in rows}
+    copies: dict[str, int] = {}
+    for r in rows:
+        copies[r.question_id] = copies.get(r.question_id, 0) + 1
+    return {r.row: math.ceil(protocol_samples_per_question(r.benchmark) / copies[r.question_id]) for r in rows}
+
+
+def sample_seed(seed: int, row: int) -> int:
+    """Per-row seed (vLLM seeds each request, so a row's samples do not depend on batching or resumption)."""
+    return (seed * 1_000_003 + row) % (2**31 - 1)
+
+
+# --- backends ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Completion:
+    text: str
+    num_tokens: int
+    finish_reason: str  # "stop" (end of sequence) or "length" (hit max_new_tokens)
+
+
+class GenerationBackend(Protocol):
+    """What the evaluation needs from an inference engine."""
+
+    name: str
+    tokenizer: Any
+
+    def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
+        """For each rendered prompt, ``n[i]`` completions sampled with ``seeds[i]``."""
+        ...
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of a distribution without importing it (vLLM's import is slow and needs a GPU)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions that change scores or their meaning (ALGORITHM.md §12: record the vLLM version)."""
+    import platform
+
+    names = ("vllm", "transformers", "torch", "tokenizers", "math-verify", "exgrpo")
+    out: dict[str, str | None] = {n: package_version(n) for n in names}
+    out["python"] = platform.python_version()
+    return out
+
+
+class HFBackend:
+    """``transformers`` ``generate()`` backend: CPU runs, tests, and small GPU checks.
+
+    Sequences are sampled in batches of prompts with left padding. Sampling is seeded once per batch with the
+    first row's seed, so results depend on the batching (unlike vLLM's per-request seeds); resuming after an
+    interruption therefore reproduces the remaining rows only when the batch size is unchanged.
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: str,
+        sampling: SamplingSettings,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        self.torch = torch
+        self.sampling = sampling
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if dtype == "auto":
+            torch_dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        greedy = sampling.temperature == 0
+        # A fresh config so the checkpoint's generation_config.json (often top_k=20, repetition_penalty=1.05 for
+        # instruct models) cannot silently change the protocol's sampling.
+        self.generation_config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy else 0,
+            repetition_penalty=1.0,
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=sorted(self.eos_ids),
+        )
+
+    def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
+        torch = self.torch
+        flat = [p for p, k in zip(prompts, n) for _ in range(k)]
+        enc = self.tokenizer(flat, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        torch.manual_seed(seeds[0])
+        with torch.no_grad():
+            out = self.model.generate(**enc, generation_config=self.generation_config)
+        new = out[:, enc["input_ids"].shape[1] :].tolist()
+        completions = []
+        for ids in new:
+            length = len(ids)
+            for j, t in enumerate(ids):
+                if t in self.eos_ids:
+                    length = j + 1
+                    break
+            finished = length < len(ids) or (length > 0 and ids[length - 1] in self.eos_ids)
+            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
+            completions.append(Completion(text, length, "stop" if finished else "length"))
+        grouped, pos = [], 0
+        for k in n:
+            grouped.append(completions[pos : pos + k])
+            pos += k
+        return grouped
+
+
+class VLLMBackend:
+    """vLLM backend (GPUs), the paper's engine: one request per row with ``n`` samples and a per-row seed.
+
+    Prompts are rendered with the tokenizer's chat template and sent as token ids, so a template that already
+    starts with a BOS token does not get a second one.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        sampling: SamplingSettings,
+        *,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+    ) -> None:
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError as e:  # the CPU stack has no vLLM
+            raise ImportError(
+                "backend 'vllm' needs the vllm package (GPU stack: pip install -r requirements.txt, which pins "
+                f"vllm=={_pinned_vllm() or '?'}); on a machine without vLLM use --backend hf. ({e})"
+            ) from e
+        from transformers import AutoTokenizer
+
+        self.sampling = sampling
+        self._sampling_params_cls = SamplingParams
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=sampling.seed,
+            dtype=dtype,
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = LLM(**kwargs)
+
+    def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
+        s = self.sampling
+        params = [
+            self._sampling_params_cls(
+                n=k,
+                seed=seed,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                max_tokens=s.max_new_tokens,
+            )
+            for k, seed in zip(n, seeds)
+        ]
+        token_prompts = [
+            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts
+        ]
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        return [
+            [
+                Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop")
+                for o in req.outputs
+            ]
+            for req in outputs
+        ]
+
+
+def _pinned_vllm() -> str | None:
+    # The GPU pin lives in requirements.txt at the repo root; read it for the error message only.
+    req = pathlib.Path(__file__).resolve().parents[2] / "requirements.txt"
+    if req.is_file():
+        for line in req.read_text(encoding="utf-8").splitlines():
+            if line.strip().startswith("vllm=="):
+                return line.strip().split("==", 1)[1]
+    return None
+
+
+BACKENDS = ("vllm", "hf")
+
+
+def build_backend(name: str, model_path: str, sampling: SamplingSettings, **kwargs: Any) -> GenerationBackend:
+    """Build a backend by name ("vllm" or "hf"); extra keyword arguments go to its constructor."""
+    if name == "hf":
+        return HFBackend(model_path, sampling, **{k: v for k, v in kwargs.items() if k in ("device", "dtype")})
+    if name == "vllm":
+        keys = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype")
+        return VLLMBackend(model_path, sampling, **{k: v for k, v in kwargs.items() if k in keys})
+    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+
+
+# --- resumable JSONL store -----------------------------------------------------------------------------------
+
+
+class ResumeMismatchError(RuntimeError):
+    """An existing generation file was made with different settings."""
+
+
+@dataclass
+class GenerationStore:
+    """Append-only JSONL of generations keyed by ``(row, sample)``, with a settings sidecar."""
+
+    path: pathlib.Path
+    records: dict[tuple[int, int], dict] = field(default_factory=dict)
+
+    @property
+    def meta_path(self) -> pathlib.Path:
+        return self.path.with_name(self.path.name + ".meta.json")
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, fingerprint: Mapping[str, Any], *, overwrite: bool = False):
+        """Open (creating or resuming) a store; refuse to resume one written with a different ``fingerprint``."""
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store = cls(path)
+        if overwrite:
+            path.unlink(missing_ok=True)
+            store.meta_path.unlink(missing_ok=True)
+        store.records = read_generations(path, repair=True)
+        if store.meta_path.exists() and store.records:
+            old = json.loads(store.meta_path.read_text(encoding="utf-8"))
+            diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+            if diff:
+                details = ", ".join(f"{k}: {old.get(k)!r} -> {fingerprint.get(k)!r}" for k in diff)
+                raise ResumeMismatchError(
+                    f"{path} was generated with other settings ({details}); use another output directory or --overwrite"
+                )
+        else:  # new, or nothing generated yet: the settings of this run are the file's settings
+            store.meta_path.write_text(json.dumps(dict(fingerprint), indent=2, sort_keys=True), encoding="utf-8")
+        return store
+
+    def append(self, records: Iterable[dict]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                self.records[(rec["row"], rec["sample"])] = rec
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_generations(path: str | os.PathLike, *, repair: bool = False) -> dict[tuple[int, int], dict]:
+    """Records of a generation JSONL keyed by ``(row, sample)``.
+
+    A torn last line (a crash while writing) is ignored, and with ``repair`` cut from the file so later appends
+    start on a clean line; a bad line anywhere else is an error.
+    """
+    path = pathlib.Path(path)
+    records: dict[tuple[int, int], dict] = {}
+    if not path.exists():
+        return records
+    data = path.read_bytes()
+    offset = 0
+    for lineno, line in enumerate(data.splitlines(keepends=True), start=1):
+        end = offset + len(line)
+        if line.strip():
+            try:
+                rec = json.loads(line)
+                key = (int(rec["row"]), int(rec["sample"]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                # Each record is written with its newline in one call: a last line without one is torn.
+                if end == len(data) and not line.endswith(b"\n"):
+                    if repair:
+                        with path.open("r+b") as f:
+                            f.truncate(offset)
+                    break
+                raise ValueError(f"{path}: line {lineno} is not a generation record ({e})") from e
+            records[key] = rec
+        offset = end
+    else:
+        if repair and data and not data.endswith(b"\n"):
+            with path.open("ab") as f:
+                f.write(b"\n")
+    return records
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def generation_fingerprint(
+    *, model: str, backend: str, data: str, prompt_format: PromptFormat, sampling: SamplingSettings
+) -> dict[str, Any]:
+    """Settings a generation depends on. ``n_samples`` is left out: raising it only adds samples."""
+    s = asdict(sampling)
+    s.pop("n_samples")
+    return {
+        "model": str(model),
+        "backend": backend,
+        # the data file's content, not its path: an output directory stays resumable when the data moves
+        "data": pathlib.Path(data).name,
+        "data_sha256": file_sha256(data),
+        "template": prompt_format.template,
+        "system_prompt": prompt_format.system_prompt,
+        **s,
+    }
+
+
+def generate_to_jsonl(
+    backend: GenerationBackend,
+    rows: Sequence[EvalRow],
+    store: GenerationStore,
+    *,
+    prompt_format: PromptFormat,
+    sampling: SamplingSettings,
+    batch_size: int = 8,
+    progress: bool = True,
+    desc: str | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Generate every planned ``(row, sample)`` missing from ``store``; return how many samples were generated.
+
+    ``batch_size`` counts sequences (a row with n samples counts n). Each batch is appended and flushed before
+    the next starts, so an interruption loses at most one batch.
+    """
+    from tqdm.auto import tqdm
+
+    plan = plan_samples(rows, sampling.n_samples)
+    todo: OrderedDict[int, list[int]] = OrderedDict()
+    for r in rows:
+        missing = [s for s in range(plan[r.row]) if (r.row, s) not in store.records]
+        if missing:
+            todo[r.row] = missing
+    total = sum(len(v) for v in todo.values())
+    by_row = {r.row: r for r in rows}
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_n = 0
+    for row, missing in todo.items():
+        if cur and cur_n + len(missing) > batch_size:
+            batches.append(cur)
+            cur, cur_n = [], 0
+        cur.append(row)
+        cur_n += len(missing)
+    if cur:
+        batches.append(cur)
+    done = 0
+    bar = tqdm(total=total, desc=desc or store.path.stem, unit="sample", disable=not progress)
+    try:
+        for batch in batches:
+            prompts = [prompt_format.render(backend.tokenizer, by_row[r].messages) for r in batch]
+            ns = [len(todo[r]) for r in batch]
+            seeds = [sample_seed(sampling.seed, r) for r in batch]
+            outs = backend.generate(prompts, ns, seeds)
+            if len(outs) != len(batch) or any(len(o) != k for o, k in zip(outs, ns)):
+                raise RuntimeError(f"backend {backend.name!r} returned a wrong number of completions")
+            records = []
+            for r, comps in zip(batch, outs):
+                row = by_row[r]
+                for s, c in zip(todo[r], comps):
+                    records.append(
+                        {
+                            "row": r,
+                            "sample": s,
+                            "data_source": row.data_source,
+                            "benchmark": row.benchmark,
+                            "question_id": row.question_id,
+                            "ground_truth": row.ground_truth,
+                            "response": c.text,
+                            "num_tokens": c.num_tokens,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
+            store.append(records)
+            done += len(records)
+            bar.update(len(records))
+            if on_batch is not None:
+                on_batch(done)
+    finally:
+        bar.close()
+    return done
