@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Table 6 ablation: On-policy (replay off).
+# Paper: 45.3 ID avg (Qwen2.5-Math-7B; ExGRPO 48.3, on-policy 45.3).
+# The 7B ExGRPO run (scripts/train/exgrpo_qwen2.5_math_7b.sh) with one change: exgrpo.enable=false
+#
+#   MODEL_PATH=... TRAIN_FILE=... bash scripts/train/ablations/on_policy.sh [hydra overrides]
+set -euo pipefail
+export EXPERIMENT_NAME="${EXPERIMENT_NAME:-ablation_7b_on_policy}"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../exgrpo_qwen2.5_math_7b.sh" \
+  exgrpo.enable=false "$@"

@@ -1,0 +1,474 @@
+# shellcheck shell=bash
+# Shared code of the ExGRPO launch scripts (scripts/train/*.sh, scripts/reproduce/*.sh); docs/launch_scripts.md.
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/common.sh"          # in a launch script
+#   bash scripts/train/common.sh ray-head|ray-worker ADDR|ray-wait [N]|ray-status|ray-stop   # Ray cluster helpers
+#
+# Environment of every launch script:
+#   MODEL_PATH       (required) backbone: a local Hugging Face directory (or a Hub id)
+#   TRAIN_FILE       training parquet (python -m data_preprocess.openr1_math); default data/openr1/train.parquet
+#                    when it exists. A hydra list "[a.parquet,b.parquet]" is passed as it is.
+#   VAL_FILE         in-training validation parquet; default: the first valid_id.parquet found in
+#                    ../shared/data/benchmarks, data/valid, data/benchmarks (python -m data_preprocess.benchmarks)
+#   CKPT_DIR         checkpoint root (default <repo>/checkpoints); a run writes $CKPT_DIR/$PROJECT_NAME/$EXPERIMENT_NAME
+#                    (on several nodes: a directory every node sees)
+#   PROJECT_NAME     (default exgrpo); EXPERIMENT_NAME (default: the script's own)
+#   N_GPUS_PER_NODE  (default 8); NNODES (default 1); ROLLOUT_TP vLLM tensor parallel size (default: the script's)
+#   RAY_ADDRESS      a running Ray cluster to join (required when NNODES > 1; "auto" on its head node)
+#   PYTHON           python of the environment with verl 0.9.1 and vLLM (default: python)
+#   DRY_RUN          0 = launch (default); 1 = compose the full hydra config and validate it, print it, launch
+#                    nothing (unset paths get placeholders); print = print the hydra overrides only (no python)
+#   DRY_RUN_QUIET    1: with DRY_RUN=1, print only the one-line summary, not the resolved config
+#   PREFLIGHT        1 (default): a launch runs the DRY_RUN=1 checks first (about 20 s); 0 skips them
+#   CHECK_CONTEXT    1 (default): refuse a local model whose max_position_embeddings < prompt + response tokens
+#                    (vLLM would silently cut the responses short); 0 skips the check
+#   CHECK_RAY        1 (default): with RAY_ADDRESS, refuse to start when the cluster has fewer GPUs than
+#                    NNODES x N_GPUS_PER_NODE (verl would wait for them forever); 0 skips the check
+# Extra arguments of a launch script are hydra overrides appended last, so they win over the script's settings.
+
+EXGRPO_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+EXGRPO_TRAIN_DIR="$EXGRPO_REPO_ROOT/scripts/train"
+PYTHON="${PYTHON:-python}"
+# Released lengths (ALGORITHM.md §11); also used by the context-length check.
+EXGRPO_MAX_PROMPT_LENGTH=1024
+EXGRPO_MAX_RESPONSE_LENGTH=8192
+# Markers of DRY_RUN=print output (one block per launch; tests/integration/test_launch_scripts_dry_run.py reads them).
+EXGRPO_PRINT_BEGIN="# >>> python -m recipe.exgrpo.main_exgrpo"
+EXGRPO_PRINT_END="# <<<"
+EXGRPO_ARGS=()
+EXGRPO_PLACEHOLDERS=()
+
+exgrpo_log() { echo "[exgrpo] $*" >&2; }
+exgrpo_die() {
+  echo "[exgrpo] error: $*" >&2
+  exit 2
+}
+
+case "${DRY_RUN:-0}" in
+  0 | "" | false | no) EXGRPO_MODE=launch ;;
+  1 | true | yes | check) EXGRPO_MODE=check ;;
+  print) EXGRPO_MODE=print ;;
+  *) exgrpo_die "DRY_RUN=${DRY_RUN}: use 0 (launch), 1 (compose and validate the config) or print (the overrides)" ;;
+esac
+
+# --- values ----------------------------------------------------------------------------------------------------
+
+# exgrpo_require_var NAME HINT: NAME must be set; in a dry run an unset one gets a placeholder path.
+exgrpo_require_var() {
+  local name="$1" hint="$2"
+  if [[ -n "${!name:-}" ]]; then return 0; fi
+  if [[ "$EXGRPO_MODE" == launch ]]; then
+    exgrpo_die "$name is not set: $hint"
+  fi
+  printf -v "$name" '%s' "/dry-run-placeholder/$name"
+  EXGRPO_PLACEHOLDERS+=("$name")
+  exgrpo_log "dry run: $name is not set, using the placeholder ${!name}"
+}
+
+# exgrpo_positive_int NAME: NAME holds an integer >= 1.
+exgrpo_positive_int() {
+  local name="$1"
+  [[ "${!name}" =~ ^[1-9][0-9]*$ ]] || exgrpo_die "$name must be a positive integer, got '${!name}'"
+}
+
+# exgrpo_abspath PATH: the absolute, normalised path when PATH exists here (relative to the caller's directory);
+# else unchanged (a Hub id such as Qwen/Qwen2.5-Math-7B, a URL, a hydra list, or a path created later).
+exgrpo_abspath() {
+  local p="$1"
+  if [[ "$p" != *"://"* && "$p" != "["* && -e "$p" ]]; then
+    p="$(cd "$(dirname "$p")" && pwd)/$(basename "$p")"
+  fi
+  printf '%s' "$p"
+}
+
+# exgrpo_hydra_value VALUE: VALUE as one hydra override value (quoted, so commas, '=' or spaces in a path are
+# not read as hydra syntax); a hydra list "[...]" is passed as it is.
+exgrpo_hydra_value() {
+  local v="$1"
+  if [[ "$v" == "["* ]]; then
+    printf '%s' "$v"
+  elif [[ "$v" == *"'"* ]]; then
+    exgrpo_die "a path with a single quote cannot be passed to hydra: $v"
+  else
+    printf "'%s'" "$v"
+  fi
+}
+
+# exgrpo_is_placeholder NAME: NAME was filled with a dry-run placeholder.
+exgrpo_is_placeholder() {
+  local n
+  for n in "${EXGRPO_PLACEHOLDERS[@]}"; do [[ "$n" == "$1" ]] && return 0; done
+  return 1
+}
+
+# exgrpo_resolve_ckpt_dir: CKPT_DIR absolute (default <repo>/checkpoints) and exported, so that the scripts a
+# reproduction script starts write where it looks.
+exgrpo_resolve_ckpt_dir() {
+  CKPT_DIR="${CKPT_DIR:-$EXGRPO_REPO_ROOT/checkpoints}"
+  [[ "$CKPT_DIR" == /* || "$CKPT_DIR" == *"://"* ]] || CKPT_DIR="$PWD/$CKPT_DIR"
+  PROJECT_NAME="${PROJECT_NAME:-exgrpo}"
+  export CKPT_DIR PROJECT_NAME
+}
+
+# exgrpo_run_dir EXPERIMENT: where that experiment's checkpoints go (trainer.default_local_dir).
+exgrpo_run_dir() { printf '%s' "$CKPT_DIR/$PROJECT_NAME/$1"; }
+
+# --- checks that need the real machine -------------------------------------------------------------------------
+
+# A local model whose context is shorter than prompt + response would have its responses silently cut by vLLM
+# (verl sets max_model_len to max_position_embeddings).
+exgrpo_check_context() {
+  [[ "${CHECK_CONTEXT:-1}" == 1 && -f "$MODEL_PATH/config.json" ]] || return 0
+  local need=$((EXGRPO_MAX_PROMPT_LENGTH + EXGRPO_MAX_RESPONSE_LENGTH)) have
+  have="$("$PYTHON" -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+print(c.get("max_position_embeddings") or c.get("text_config", {}).get("max_position_embeddings") or 0)' \
+    "$MODEL_PATH/config.json")" || exgrpo_die "cannot read $MODEL_PATH/config.json"
+  if ((have < need)); then
+    exgrpo_die "$MODEL_PATH has max_position_embeddings=$have < $need (max prompt $EXGRPO_MAX_PROMPT_LENGTH + max" \
+      "response $EXGRPO_MAX_RESPONSE_LENGTH tokens): vLLM would cut responses short. Use a long-context variant" \
+      "(the released run used a 16k-context 'think' variant of the backbone) or set CHECK_CONTEXT=0."
+  fi
+}
+
+# A Ray cluster with fewer GPUs than the run asks for makes verl wait for its placement groups forever.
+exgrpo_check_ray_cluster() {
+  [[ -n "${RAY_ADDRESS:-}" && "${CHECK_RAY:-1}" == 1 ]] || return 0
+  local need=$((NNODES * N_GPUS_PER_NODE)) have
+  have="$("$PYTHON" -c 'import os, ray
+ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+print(int(ray.cluster_resources().get("GPU", 0)))' 2>/dev/null | tail -n 1)" ||
+    exgrpo_die "cannot connect to the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS (is 'ray start --head' running?" \
+      "check with: bash scripts/train/common.sh ray-status)"
+  if ((have < need)); then
+    exgrpo_die "the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS has $have GPUs; the run needs NNODES x" \
+      "N_GPUS_PER_NODE = $need. Start the missing workers (bash scripts/train/common.sh ray-worker HEAD_IP:6379)," \
+      "or lower NNODES; CHECK_RAY=0 skips this check."
+  fi
+}
+
+# --- the launch ------------------------------------------------------------------------------------------------
+
+# exgrpo_prepare --experiment NAME --steps N --rollout-tp TP --model-hint TEXT [--think-gate true|false]
+#                [--delayed-start TAU]
+# Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (ALGORITHM.md §11).
+exgrpo_prepare() {
+  local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35
+  while (($#)); do
+    case "$1" in
+      --experiment) experiment="$2" ;;
+      --steps) steps="$2" ;;
+      --rollout-tp) tp="$2" ;;
+      --model-hint) hint="$2" ;;
+      --think-gate) think_gate="$2" ;;
+      --delayed-start) tau="$2" ;;
+      *) exgrpo_die "exgrpo_prepare: unknown option $1" ;;
+    esac
+    shift 2
+  done
+  [[ -n "$experiment" && -n "$steps" && -n "$tp" ]] ||
+    exgrpo_die "exgrpo_prepare needs --experiment, --steps and --rollout-tp"
+
+  EXPERIMENT_NAME="${EXPERIMENT_NAME:-$experiment}"
+  N_GPUS_PER_NODE="${N_GPUS_PER_NODE:-8}"
+  NNODES="${NNODES:-1}"
+  ROLLOUT_TP="${ROLLOUT_TP:-$tp}"
+  exgrpo_positive_int N_GPUS_PER_NODE
+  exgrpo_positive_int NNODES
+  exgrpo_positive_int ROLLOUT_TP
+  if ((ROLLOUT_TP > N_GPUS_PER_NODE || N_GPUS_PER_NODE % ROLLOUT_TP)); then
+    exgrpo_die "ROLLOUT_TP=$ROLLOUT_TP must divide N_GPUS_PER_NODE=$N_GPUS_PER_NODE (whole vLLM replicas per node)"
+  fi
+  if ((NNODES > 1)) && [[ -z "${RAY_ADDRESS:-}" ]]; then
+    if [[ "$EXGRPO_MODE" == launch ]]; then
+      exgrpo_die "NNODES=$NNODES needs a running Ray cluster: 'bash scripts/train/common.sh ray-head' on the head" \
+        "node, 'bash scripts/train/common.sh ray-worker HEAD_IP:6379' on every other node, then run this script" \
+        "on the head node with RAY_ADDRESS=auto (docs/launch_scripts.md)"
+    fi
+    exgrpo_log "dry run: NNODES=$NNODES without RAY_ADDRESS (a launch would stop here)"
+  fi
+
+  exgrpo_require_var MODEL_PATH "$hint"
+  if [[ -z "${TRAIN_FILE:-}" && -f "$EXGRPO_REPO_ROOT/data/openr1/train.parquet" ]]; then
+    TRAIN_FILE="$EXGRPO_REPO_ROOT/data/openr1/train.parquet"
+  fi
+  exgrpo_require_var TRAIN_FILE "point it at the OpenR1-Math 46k parquet, made with: python -m \
+data_preprocess.openr1_math --output data/openr1/train.parquet --tokenizer \$MODEL_PATH"
+  if [[ -z "${VAL_FILE:-}" ]]; then
+    local candidate
+    for candidate in "$EXGRPO_REPO_ROOT/../shared/data/benchmarks/valid_id.parquet" \
+      "$EXGRPO_REPO_ROOT/data/valid/valid_id.parquet" "$EXGRPO_REPO_ROOT/data/benchmarks/valid_id.parquet"; do
+      if [[ -f "$candidate" ]]; then
+        VAL_FILE="$(exgrpo_abspath "$candidate")"
+        break
+      fi
+    done
+  fi
+  exgrpo_require_var VAL_FILE "point it at the in-training validation parquet (valid_id.parquet, made with python -m \
+data_preprocess.benchmarks as docs/launch_scripts.md shows)"
+  MODEL_PATH="$(exgrpo_abspath "$MODEL_PATH")"
+  TRAIN_FILE="$(exgrpo_abspath "$TRAIN_FILE")"
+  VAL_FILE="$(exgrpo_abspath "$VAL_FILE")"
+  if [[ "$EXGRPO_MODE" == launch ]]; then
+    local var
+    for var in TRAIN_FILE VAL_FILE; do
+      if [[ "${!var}" != "["* && "${!var}" != *"://"* && ! -f "${!var}" ]]; then
+        exgrpo_die "$var=${!var} is not a file"
+      fi
+    done
+    if [[ "$MODEL_PATH" == /* && ! -d "$MODEL_PATH" ]]; then exgrpo_die "MODEL_PATH=$MODEL_PATH is not a directory"; fi
+  fi
+  exgrpo_resolve_ckpt_dir
+  local run_dir
+  run_dir="$(exgrpo_run_dir "$EXPERIMENT_NAME")"
+
+  # shellcheck disable=SC2016  # ${...} below are hydra interpolations, not shell expansions
+  EXGRPO_ARGS=(
+    # Dr.GRPO-style GRPO: advantage = reward - group mean, no std division, no KL (ALGORITHM.md §1, §7)
+    algorithm.adv_estimator=grpo
+    algorithm.norm_adv_by_std_in_grpo=false
+    algorithm.use_kl_in_reward=false
+    # data: B = 128 questions per step, prompts <= 1024 tokens, responses <= 8192 tokens
+    "data.train_files=$(exgrpo_hydra_value "$TRAIN_FILE")"
+    "data.val_files=$(exgrpo_hydra_value "$VAL_FILE")"
+    data.train_batch_size=128
+    "data.max_prompt_length=$EXGRPO_MAX_PROMPT_LENGTH"
+    "data.max_response_length=$EXGRPO_MAX_RESPONSE_LENGTH"
+    data.filter_overlong_prompts=true
+    data.truncation=error
+    # model: gradient checkpointing, remove-padding
+    "actor_rollout_ref.model.path=$(exgrpo_hydra_value "$MODEL_PATH")"
+    actor_rollout_ref.model.enable_gradient_checkpointing=true
+    actor_rollout_ref.model.use_remove_padding=true
+    # actor: lr 1e-6, mini-batch 64 questions (2 updates per step), entropy bonus 0.001, no KL loss,
+    # dynamic batch size with 32768 tokens per GPU, token sums / L_max (ALGORITHM.md §8)
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=64
+    actor_rollout_ref.actor.entropy_coeff=0.001
+    actor_rollout_ref.actor.use_kl_loss=false
+    actor_rollout_ref.actor.use_dynamic_bsz=true
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768
+    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm
+    'actor_rollout_ref.actor.loss_scale_factor=${data.max_response_length}'
+    # rollout: vLLM, K = 8 samples at T = 1.0; validation at T = 0.6
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.n=8
+    actor_rollout_ref.rollout.temperature=1.0
+    actor_rollout_ref.rollout.top_p=1.0
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.8
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768
+    actor_rollout_ref.rollout.val_kwargs.temperature=0.6
+    actor_rollout_ref.rollout.val_kwargs.top_p=1.0
+    actor_rollout_ref.rollout.val_kwargs.do_sample=true
+    # reward: math-verify after </think> (the think gate; off for models without a think template, §10)
+    "++reward.custom_reward_function.reward_kwargs.think_gate=$think_gate"
+    # ExGRPO: rho = 0.5, tau = 0.35 (delayed start), beta = 0.1 (policy shaping); the rest are the yaml's defaults
+    exgrpo.replay_ratio=0.5
+    "exgrpo.delayed_start_threshold=$tau"
+    exgrpo.shaping=policy_shaping
+    exgrpo.shaping_beta=0.1
+    # trainer: steps, validation every 10, checkpoint every 50, GPUs and nodes
+    "trainer.total_training_steps=$steps"
+    trainer.test_freq=10
+    trainer.save_freq=50
+    "trainer.n_gpus_per_node=$N_GPUS_PER_NODE"
+    "trainer.nnodes=$NNODES"
+    "trainer.project_name=$(exgrpo_hydra_value "$PROJECT_NAME")"
+    "trainer.experiment_name=$(exgrpo_hydra_value "$EXPERIMENT_NAME")"
+    "trainer.default_local_dir=$(exgrpo_hydra_value "$run_dir")"
+    "hydra.run.dir=$(exgrpo_hydra_value "$run_dir/hydra/\${now:%Y-%m-%d_%H-%M-%S}")"
+  )
+  if [[ -n "${RAY_ADDRESS:-}" ]]; then
+    EXGRPO_ARGS+=("++ray_kwargs.ray_init.address=$(exgrpo_hydra_value "$RAY_ADDRESS")")
+  fi
+}
+
+# exgrpo_launch [extra hydra overrides]: run (or dry-run, or print) the entry point with EXGRPO_ARGS + extras.
+exgrpo_launch() {
+  local args=("${EXGRPO_ARGS[@]}" "$@") a
+  ((${#EXGRPO_ARGS[@]})) || exgrpo_die "exgrpo_launch before exgrpo_prepare"
+  for a in "${args[@]}"; do
+    [[ "$a" != *$'\n'* ]] || exgrpo_die "a hydra override contains a newline: ${a%%$'\n'*}..."
+  done
+  cd "$EXGRPO_REPO_ROOT"
+  export PYTHONPATH="$EXGRPO_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  case "$EXGRPO_MODE" in
+    print)
+      printf '%s\n' "$EXGRPO_PRINT_BEGIN" "${args[@]}" "$EXGRPO_PRINT_END"
+      ;;
+    check)
+      local opts=()
+      [[ "${DRY_RUN_QUIET:-0}" != 1 ]] || opts+=(--quiet)
+      # Real paths are checked too; placeholders (CI, no models) are not.
+      ((${#EXGRPO_PLACEHOLDERS[@]})) || opts+=(--check-paths)
+      exgrpo_log "dry run: $PYTHON -m recipe.exgrpo.dry_run ${opts[*]} -- <${#args[@]} overrides>"
+      exec "$PYTHON" -m recipe.exgrpo.dry_run "${opts[@]}" -- "${args[@]}"
+      ;;
+    launch)
+      exgrpo_check_context
+      exgrpo_check_ray_cluster
+      if [[ "${PREFLIGHT:-1}" == 1 ]]; then
+        exgrpo_log "pre-flight: composing and validating the config (PREFLIGHT=0 skips this)"
+        "$PYTHON" -m recipe.exgrpo.dry_run --quiet --check-paths -- "${args[@]}" ||
+          exgrpo_die "the pre-flight check failed (messages above); nothing was launched"
+      fi
+      [[ "$CKPT_DIR" == *"://"* ]] || mkdir -p "$(exgrpo_run_dir "$EXPERIMENT_NAME")"
+      exgrpo_log "launching $EXPERIMENT_NAME on $NNODES node(s) x $N_GPUS_PER_NODE GPUs"
+      exec "$PYTHON" -m recipe.exgrpo.main_exgrpo "${args[@]}"
+      ;;
+  esac
+}
+
+# --- reproduction: train -> merge -> evaluate -> table ----------------------------------------------------------
+
+# exgrpo_run_or_show CMD...: run CMD, or in a dry run only show it (on stderr, so DRY_RUN=print output stays clean).
+exgrpo_run_or_show() {
+  local shown
+  shown="$(printf '%q ' "$@")"
+  if [[ "$EXGRPO_MODE" == launch ]]; then
+    exgrpo_log "run: ${shown% }"
+    "$@"
+  else
+    exgrpo_log "dry run, would run: ${shown% }"
+  fi
+}
+
+# exgrpo_latest_hf EXPERIMENT: the Hugging Face directory of the experiment's latest checkpoint, merged from the
+# FSDP shards with verl's model merger on first use. Prints the directory.
+exgrpo_latest_hf() {
+  local run_dir step actor target
+  run_dir="$(exgrpo_run_dir "$1")"
+  if [[ "$EXGRPO_MODE" != launch ]]; then
+    exgrpo_log "dry run, would run: $PYTHON -m verl.model_merger merge --backend fsdp" \
+      "--local_dir $run_dir/global_step_<latest>/actor --target_dir $run_dir/global_step_<latest>/merged_hf"
+    printf '%s' "$run_dir/global_step_LATEST/merged_hf"
+    return 0
+  fi
+  [[ -f "$run_dir/latest_checkpointed_iteration.txt" ]] ||
+    exgrpo_die "no checkpoint in $run_dir (latest_checkpointed_iteration.txt missing): did training of $1 finish?"
+  step="$(tr -d '[:space:]' <"$run_dir/latest_checkpointed_iteration.txt")"
+  actor="$run_dir/global_step_$step/actor"
+  target="$run_dir/global_step_$step/merged_hf"
+  [[ -d "$actor" ]] || exgrpo_die "$actor does not exist"
+  if ! compgen -G "$target/*.safetensors" >/dev/null; then
+    exgrpo_log "merging $actor -> $target"
+    "$PYTHON" -m verl.model_merger merge --backend fsdp --local_dir "$actor" --target_dir "$target" >&2 ||
+      exgrpo_die "verl.model_merger failed for $actor"
+  fi
+  printf '%s' "$target"
+}
+
+# exgrpo_reproduce REFERENCE OUT_DIR EVAL_GPUS RUN... [-- EXTRA_OVERRIDES...]
+#   RUN = "label|train-script|experiment|model-path-var" (an empty model-path-var means MODEL_PATH); the extra
+#   hydra overrides go to every training run. STAGES (default train,eval,table) picks the stages.
+exgrpo_reproduce() {
+  local reference="$1" out_dir="$2" eval_gpus="$3" spec label script experiment model_var results=() specs=()
+  shift 3
+  while (($#)) && [[ "$1" != -- ]]; do
+    specs+=("$1")
+    shift
+  done
+  (($#)) && shift # the "--"; what is left are the extra overrides
+  local stages=",${STAGES:-train,eval,table}," stage
+  for stage in ${stages//,/ }; do
+    [[ "$stage" =~ ^(train|eval|table)$ ]] || exgrpo_die "STAGES=$STAGES: the stages are train, eval and table"
+  done
+  exgrpo_resolve_ckpt_dir
+  for spec in "${specs[@]}"; do
+    IFS='|' read -r label script experiment model_var <<<"$spec"
+    model_var="${model_var:-MODEL_PATH}"
+    if [[ "$stages" == *,train,* ]]; then
+      exgrpo_log "=== train $label: $script (EXPERIMENT_NAME=$experiment)"
+      MODEL_PATH="${!model_var:-}" EXPERIMENT_NAME="$experiment" bash "$EXGRPO_TRAIN_DIR/$script" "$@" ||
+        exgrpo_die "training $label failed ($script)"
+    fi
+    if [[ "$stages" == *,eval,* ]]; then
+      local hf suite
+      hf="$(exgrpo_latest_hf "$experiment")"
+      for suite in id ood; do
+        exgrpo_run_or_show env MODEL_PATH="$hf" LABEL="$label" OUT_DIR="$out_dir/eval/$experiment/$suite" \
+          N_GPUS="$eval_gpus" THINK_GATE="${EVAL_THINK_GATE:-1}" REFERENCE="$reference" PYTHON="$PYTHON" \
+          bash "$EXGRPO_REPO_ROOT/scripts/eval/eval_$suite.sh"
+      done
+    fi
+    results+=("$out_dir/eval/$experiment/id/results.json" "$out_dir/eval/$experiment/ood/results.json")
+  done
+  if [[ "$stages" == *,table,* ]]; then
+    local existing=() f
+    for f in "${results[@]}"; do
+      if [[ "$EXGRPO_MODE" != launch || -f "$f" ]]; then existing+=("$f"); else exgrpo_log "missing $f (skipped)"; fi
+    done
+    ((${#existing[@]})) || exgrpo_die "no evaluation results under $out_dir/eval: run the eval stage first"
+    (cd "$EXGRPO_REPO_ROOT" && exgrpo_run_or_show "$PYTHON" -m exgrpo.eval report "${existing[@]}" \
+      --reference "$reference" --out "$out_dir/table")
+  fi
+}
+
+# --- Ray cluster helpers (bash scripts/train/common.sh COMMAND) -------------------------------------------------
+
+exgrpo_ray() {
+  # The ray CLI of $PYTHON's environment; PYTHONPATH makes the recipe importable in every Ray worker process.
+  PYTHONPATH="$EXGRPO_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" exgrpo_run_or_show "$PYTHON" -m ray.scripts.scripts "$@"
+}
+
+exgrpo_ray_cli() {
+  local cmd="${1:-help}"
+  (($#)) && shift
+  N_GPUS_PER_NODE="${N_GPUS_PER_NODE:-8}"
+  local port="${RAY_PORT:-6379}"
+  case "$cmd" in
+    ray-head)
+      exgrpo_ray start --head --port="$port" --num-gpus="$N_GPUS_PER_NODE" --dashboard-host=0.0.0.0 "$@"
+      local ip
+      ip="$(hostname -I 2>/dev/null | awk '{print $1}')"
+      exgrpo_log "head started. On every other node:  bash scripts/train/common.sh ray-worker ${ip:-HEAD_IP}:$port"
+      exgrpo_log "then here:  NNODES=<nodes> RAY_ADDRESS=auto bash scripts/train/<script>.sh"
+      ;;
+    ray-worker)
+      (($#)) || exgrpo_die "usage: bash scripts/train/common.sh ray-worker HEAD_IP:PORT [ray start options]"
+      local address="$1"
+      shift
+      exgrpo_ray start --address="$address" --num-gpus="$N_GPUS_PER_NODE" "$@"
+      ;;
+    ray-wait)
+      # Wait until the cluster has N GPUs (default NNODES x N_GPUS_PER_NODE): for batch schedulers that start the
+      # workers and the launch at the same time.
+      local want="${1:-$((${NNODES:-1} * N_GPUS_PER_NODE))}" timeout="${RAY_WAIT_TIMEOUT:-900}"
+      if [[ "$EXGRPO_MODE" != launch ]]; then
+        exgrpo_log "dry run, would wait for $want GPUs"
+        return 0
+      fi
+      RAY_ADDRESS="${RAY_ADDRESS:-auto}" "$PYTHON" - "$want" "$timeout" <<'EOF' ||
+import os, sys, time
+import ray
+want, timeout = int(sys.argv[1]), float(sys.argv[2])
+ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+deadline = time.time() + timeout
+while True:
+    have = int(ray.cluster_resources().get("GPU", 0))
+    print(f"[exgrpo] Ray cluster: {have}/{want} GPUs", file=sys.stderr)
+    if have >= want:
+        sys.exit(0)
+    if time.time() > deadline:
+        sys.exit(1)
+    time.sleep(10)
+EOF
+        exgrpo_die "the Ray cluster did not reach $want GPUs within ${timeout} s"
+      ;;
+    ray-status) exgrpo_ray status "$@" ;;
+    ray-stop) exgrpo_ray stop "$@" ;;
+    *)
+      echo "usage: bash scripts/train/common.sh COMMAND" >&2
+      echo "  ray-head | ray-worker HEAD_IP:PORT | ray-wait [N_GPUS] | ray-status | ray-stop" >&2
+      echo "  (N_GPUS_PER_NODE, NNODES, RAY_PORT, PYTHON, DRY_RUN as in the launch scripts; docs/launch_scripts.md)" >&2
+      [[ "$cmd" == help ]] || exit 2
+      ;;
+  esac
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -euo pipefail
+  exgrpo_ray_cli "$@"
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# On-policy baseline (Dr.GRPO, no replay) on Qwen2.5-7B-Instruct (paper Table 5: 35.2 ID avg): the ExGRPO script with
+# exgrpo.enable=false, i.e. the same trainer, data, reward, hyperparameters and GPUs
+# (scripts/train/exgrpo_qwen2.5_7b_instruct.sh).
+#
+#   MODEL_PATH=... TRAIN_FILE=... bash scripts/train/onpolicy_qwen2.5_7b_instruct.sh [hydra overrides]
+set -euo pipefail
+export EXPERIMENT_NAME="${EXPERIMENT_NAME:-onpolicy_qwen2.5_7b_instruct}"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/exgrpo_qwen2.5_7b_instruct.sh" exgrpo.enable=false "$@"

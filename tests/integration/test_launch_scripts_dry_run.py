@@ -1,0 +1,478 @@
+"""Every launch script under scripts/train and scripts/reproduce composes to a valid config, without GPUs or models.
+
+Each script is run in ``DRY_RUN=print`` mode (pure bash: it prints the hydra overrides it would launch with); every
+printed launch is then composed and validated in this process with ``recipe.exgrpo.dry_run.dry_run`` (the checks of
+``python -m recipe.exgrpo.dry_run``: hydra's struct mode, ``main_exgrpo.prepare_config``, verl's ``validate_config``
+and the worker-side checks). A few runs go through the real ``DRY_RUN=1`` path (bash -> python -m
+recipe.exgrpo.dry_run) end to end. Nothing starts Ray, loads a model or downloads anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe.exgrpo.dry_run import DryRunError, DryRunReport, dry_run
+from recipe.exgrpo.dry_run import main as dry_run_main
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_DIR = REPO / "scripts" / "train"
+ABLATION_DIR = TRAIN_DIR / "ablations"
+REPRODUCE_DIR = REPO / "scripts" / "reproduce"
+PRINT_BEGIN = "# >>> python -m recipe.exgrpo.main_exgrpo"
+PRINT_END = "# <<<"
+
+BACKBONES = (
+    "qwen2.5_math_7b",
+    "qwen2.5_math_1.5b",
+    "qwen2.5_7b_instruct",
+    "llama3.1_8b",
+    "llama3.1_8b_instruct",
+    "luffy_continual",
+)
+#: PAPER_RESULTS.md Table 6, one preset per row: the exgrpo keys each preset changes, relative to the 7B run.
+#: (The "retired questions re-added" row has no switch in exgrpo.config, so it has no preset.)
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "on_policy": {"enable": False},
+    "wo_question_selection": {"weighting": "uniform"},
+    "wo_trajectory_selection": {"trajectory_metric": "random"},
+    "wo_both_selections": {"weighting": "uniform", "trajectory_metric": "random"},
+    "wo_policy_shaping": {"shaping": "none"},
+    "wo_is_correction": {"is_correction": False},
+    "highest_entropy_trajectory": {"trajectory_mode": "max"},
+    "replay_ratio_0.25": {"replay_ratio": 0.25},
+    "replay_ratio_0.75": {"replay_ratio": 0.75},
+    "sigma_1.5": {"sigma": 1.5 / 8},  # count units -> accuracy units: sigma / K with K = 8
+    "sigma_0.5": {"sigma": 0.5 / 8},
+    "mu_0.25": {"mu": 0.25},
+}
+#: Environment a user may have set; removed so every run starts from the scripts' own defaults.
+CLEARED_ENV = (
+    "MODEL_PATH",
+    "TRAIN_FILE",
+    "VAL_FILE",
+    "CKPT_DIR",
+    "PROJECT_NAME",
+    "EXPERIMENT_NAME",
+    "N_GPUS_PER_NODE",
+    "NNODES",
+    "ROLLOUT_TP",
+    "RAY_ADDRESS",
+    "DRY_RUN",
+    "DRY_RUN_QUIET",
+    "DRY_RUN_ALLOW_NEW_KEYS",
+    "PREFLIGHT",
+    "STAGES",
+    "OUT_DIR",
+    "LUFFY_MODEL_PATH",
+    "VERL_PLATFORM",
+)
+
+
+def all_scripts() -> list[Path]:
+    train = [p for p in sorted(TRAIN_DIR.glob("*.sh")) if p.name != "common.sh"]
+    return train + sorted(ABLATION_DIR.glob("*.sh")) + sorted(REPRODUCE_DIR.glob("*.sh"))
+
+
+def script_id(path: Path) -> str:
+    return str(path.relative_to(REPO / "scripts"))
+
+
+def script_env(tmp_path: Path | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    env["PYTHON"] = sys.executable
+    if tmp_path is not None:
+        env["CKPT_DIR"] = str(tmp_path / "ckpt")
+    env.update(extra)
+    return env
+
+
+def run_script(script: Path, *args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(script), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def printed_launches(script: Path, *args: str, **env: str) -> list[list[str]]:
+    """The override lists a script would launch with (``DRY_RUN=print``), one per training launch."""
+    proc = run_script(script, *args, env=script_env(DRY_RUN="print", **env), timeout=60)
+    assert proc.returncode == 0, f"{script_id(script)} failed in DRY_RUN=print mode:\n{proc.stderr}"
+    launches, current = [], None
+    for line in proc.stdout.splitlines():
+        if line == PRINT_BEGIN:
+            current = []
+        elif line == PRINT_END:
+            launches.append(current)
+            current = None
+        elif current is not None:
+            current.append(line)
+    assert current is None, f"{script_id(script)}: unterminated launch block"
+    return launches
+
+
+_COMPOSED: dict[tuple[str, ...], DryRunReport] = {}
+
+
+def compose(overrides: list[str]) -> DryRunReport:
+    """``dry_run`` of one launch, memoised: each script's launch is composed once for all the tests that read it
+    (a failing launch raises every time)."""
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = dry_run(overrides)
+    return _COMPOSED[key]
+
+
+def flat(report: DryRunReport) -> dict[str, Any]:
+    """Leaf path -> value of the resolved config."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = node
+
+    walk(OmegaConf.to_container(report.config, resolve=True), "")
+    return out
+
+
+def differing_paths(a: DryRunReport, b: DryRunReport) -> set[str]:
+    """Leaf paths whose values differ, ignoring the run's name and directory (and what interpolates them)."""
+    fa, fb = flat(a), flat(b)
+    names = {
+        str(a.config.trainer.experiment_name),
+        str(b.config.trainer.experiment_name),
+        str(a.config.trainer.default_local_dir),
+        str(b.config.trainer.default_local_dir),
+    }
+    return {
+        k
+        for k in set(fa) | set(fb)
+        if fa.get(k) != fb.get(k) and not (str(fa.get(k)) in names and str(fb.get(k)) in names)
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_platform(monkeypatch):
+    # The CPU backend's checks (VERL_PLATFORM=cpu) reject the GPU settings these scripts are for.
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+
+
+@pytest.fixture(scope="module")
+def launches() -> dict[str, list[list[str]]]:
+    return {script_id(p): printed_launches(p) for p in all_scripts()}
+
+
+@pytest.fixture(scope="module")
+def reports(launches) -> dict[str, DryRunReport]:
+    """The composed and validated config of every single-launch script (the train scripts)."""
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("VERL_PLATFORM", raising=False)
+        for name, runs in launches.items():
+            if len(runs) == 1:
+                out[name] = compose(runs[0])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ coverage
+def test_the_expected_scripts_exist():
+    names = {script_id(p) for p in all_scripts()}
+    expected = {f"train/{kind}_{b}.sh" for kind in ("exgrpo", "onpolicy") for b in BACKBONES}
+    expected |= {f"train/ablations/{a}.sh" for a in ABLATIONS}
+    expected |= {"reproduce/reproduce_1.5b.sh", "reproduce/reproduce_7b.sh"}
+    assert expected <= names, f"missing: {sorted(expected - names)}"
+    # a new ablation preset must get its row in ABLATIONS (and so its check below)
+    assert {p.stem for p in ABLATION_DIR.glob("*.sh")} == set(ABLATIONS)
+
+
+@pytest.mark.parametrize("script", all_scripts(), ids=script_id)
+def test_every_script_dry_runs(script, launches):
+    runs = launches[script_id(script)]
+    expected = 2 if script.parent == REPRODUCE_DIR else 1  # a reproduction trains ExGRPO and on-policy
+    assert len(runs) == expected
+    for overrides in runs:
+        report = compose(overrides)  # raises DryRunError naming the bad key
+        assert report.config.actor_rollout_ref.rollout.name == "vllm"
+
+
+# ------------------------------------------------------------------------------------ released settings
+def test_released_hyperparameters_of_the_7b_run(reports):
+    """ALGORITHM.md §11, key by key, in the composed config of scripts/train/exgrpo_qwen2.5_math_7b.sh."""
+    r = reports["train/exgrpo_qwen2.5_math_7b.sh"]
+    c, x = r.config, r.exgrpo
+    actor, rollout = c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout
+    assert c.data.train_batch_size == 128 and rollout.n == 8 and rollout.temperature == 1.0
+    assert (c.data.max_prompt_length, c.data.max_response_length) == (1024, 8192)
+    assert actor.optim.lr == pytest.approx(1e-6) and actor.ppo_mini_batch_size == 64
+    assert actor.entropy_coeff == pytest.approx(0.001)
+    assert (x.replay_ratio, x.delayed_start_threshold, x.shaping_beta) == (0.5, 0.35, 0.1)
+    assert x.enable and x.is_correction and x.shaping == "policy_shaping"
+    assert (x.trajectory_metric, x.trajectory_mode, x.weighting) == ("entropy", "min", "normal")
+    assert (x.bucket_lbound, x.resolved_rbound, x.resolved_sigma) == (0, 7, pytest.approx(1 / 8))
+    assert c.trainer.total_training_steps == 700
+    assert (c.trainer.test_freq, c.trainer.save_freq) == (10, 50)
+    assert rollout.val_kwargs.temperature == pytest.approx(0.6) and rollout.val_kwargs.do_sample
+    assert c.trainer.n_gpus_per_node * c.trainer.nnodes == 8
+    assert rollout.tensor_model_parallel_size == 2 and rollout.gpu_memory_utilization == pytest.approx(0.8)
+    assert c.actor_rollout_ref.model.enable_gradient_checkpointing and c.actor_rollout_ref.model.use_remove_padding
+    assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu == 32768
+    assert rollout.log_prob_use_dynamic_bsz and rollout.log_prob_max_token_len_per_gpu == 32768
+    assert not actor.use_kl_loss and not c.algorithm.use_kl_in_reward  # no KL, no reference model
+    assert c.algorithm.adv_estimator == "grpo" and not c.algorithm.norm_adv_by_std_in_grpo
+    assert actor.loss_agg_mode == "seq-mean-token-sum-norm" and actor.loss_scale_factor == 8192
+    assert c.reward.custom_reward_function.reward_kwargs.think_gate is True
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_backbone_settings(backbone, reports):
+    r = reports[f"train/exgrpo_{backbone}.sh"]
+    assert r.config.trainer.total_training_steps == (700 if backbone == "qwen2.5_math_7b" else 500)
+    llama_base = backbone == "llama3.1_8b"
+    # Llama-3.1-8B base: no delayed start (mixed from step 1) and no think gate (ALGORITHM.md §9-10)
+    assert r.exgrpo.delayed_start_threshold == (-1 if llama_base else 0.35)
+    assert r.config.reward.custom_reward_function.reward_kwargs.think_gate is (not llama_base)
+    assert str(r.config.trainer.experiment_name) == f"exgrpo_{backbone}"
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_onpolicy_script_is_the_exgrpo_script_with_replay_off(backbone, reports):
+    exgrpo, onpolicy = reports[f"train/exgrpo_{backbone}.sh"], reports[f"train/onpolicy_{backbone}.sh"]
+    assert differing_paths(exgrpo, onpolicy) == {"exgrpo.enable"}
+    assert not onpolicy.exgrpo.enable
+    assert str(onpolicy.config.trainer.experiment_name) == f"onpolicy_{backbone}"
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS))
+def test_ablation_preset_is_one_switch_on_the_7b_run(name, reports):
+    base, preset = reports["train/exgrpo_qwen2.5_math_7b.sh"], reports[f"train/ablations/{name}.sh"]
+    expected = ABLATIONS[name]
+    assert differing_paths(base, preset) == {f"exgrpo.{k}" for k in expected}
+    for key, value in expected.items():
+        assert getattr(preset.exgrpo, key) == pytest.approx(value), key
+    if name.startswith("sigma_"):  # the paper's count units: sigma (accuracy) x K = the row's value
+        assert preset.exgrpo.sigma * preset.config.actor_rollout_ref.rollout.n == pytest.approx(float(name[6:]))
+
+
+def test_reproduction_scripts_train_both_arms(launches):
+    for name, backbone in (
+        ("reproduce/reproduce_7b.sh", "qwen2.5_math_7b"),
+        ("reproduce/reproduce_1.5b.sh", "qwen2.5_math_1.5b"),
+    ):
+        runs = launches[name]
+        enables = sorted("exgrpo.enable=false" in run for run in runs)
+        assert enables == [False, True], name
+        assert {f"trainer.experiment_name='{k}_{backbone}'" for k in ("exgrpo", "onpolicy")} <= {
+            o for run in runs for o in run
+        }
+
+
+def test_reproduction_passes_extra_arguments_to_every_run():
+    runs = printed_launches(REPRODUCE_DIR / "reproduce_1.5b.sh", "trainer.logger=[console]")
+    assert all(run[-1] == "trainer.logger=[console]" for run in runs) and len(runs) == 2
+
+
+# ----------------------------------------------------------------------------------- caught mistakes
+BAD_EXTRA_ARGUMENTS = [
+    # (extra argument, substrings the error must contain)
+    ("exgrpo.replay_ratoi=0.25", ["exgrpo.replay_ratoi", "did you mean exgrpo.replay_ratio"]),
+    ("+exgrpo.sigmaa=0.1", ["exgrpo.sigmaa", "did you mean exgrpo.sigma"]),
+    ("exgrpo.replay_ratio=1.5", ["exgrpo.replay_ratio", "[0.0, 1.0)", "1.5"]),
+    ("exgrpo.weighting=gaussian", ["exgrpo.weighting", "must be one of"]),
+    ("exgrpo.shaping_beta=0", ["exgrpo.shaping_beta", "(0.0, inf)"]),
+    ("exgrpo.is_correction=maybe", ["exgrpo.is_correction", "true or false"]),
+    (
+        "actor_rollout_ref.rollout.tensor_model_paralel_size=4",
+        ["actor_rollout_ref.rollout.tensor_model_paralel_size", "did you mean actor_rollout_ref.rollout.tensor_model"],
+    ),
+    ("actor_rollout_ref.actor.gpu_memory_utilization=0.9", ["did you mean actor_rollout_ref.rollout.gpu_memory_util"]),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", ["gpu_memory_utilization must be in (0, 1]", "1.5"]),
+    ("trainer.n_gpus_per_node=eight", ["trainer.n_gpus_per_node must be an integer", "eight"]),
+    ("actor_rollout_ref.model.use_remove_padding=yes", ["use_remove_padding must be true or false"]),
+    (
+        "+actor_rollout_ref.actor.ppo_max_token_len=65536",
+        ["+actor_rollout_ref.actor.ppo_max_token_len", "did you mean"],
+    ),
+    (
+        "++reward.custom_reward_function.reward_kwargs.think_gat=false",
+        ["reward_kwargs.think_gat", "did you mean reward_kwargs.think_gate"],
+    ),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=3", ["8 GPUs do not split into rollout replicas of 3"]),
+    (
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192",
+        ["ppo_max_token_len_per_gpu = 8192 cannot hold", "9216"],
+    ),
+    ("actor_rollout_ref.rollout.n=1", ["exgrpo.k", "[2, inf)"]),
+    ("trainer.use_v1=true", ["trainer.use_v1"]),
+    ("exgrpo.replay_ratio", ["bad override syntax"]),
+]
+
+
+@pytest.mark.parametrize(("extra", "expected"), BAD_EXTRA_ARGUMENTS, ids=[a for a, _ in BAD_EXTRA_ARGUMENTS])
+def test_a_bad_extra_argument_is_caught(extra, expected):
+    (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", extra)
+    assert overrides[-1] == extra  # "$@" is passed through last, so it wins over the script's settings
+    with pytest.raises(DryRunError) as err:
+        compose(overrides)
+    for text in expected:
+        assert text in str(err.value), f"{text!r} not in: {err.value}"
+
+
+def test_a_good_extra_argument_wins(reports):
+    (overrides,) = printed_launches(
+        TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", "exgrpo.replay_ratio=0.25", "+exgrpo.pool_storage=per_entry"
+    )
+    report = compose(overrides)
+    assert report.exgrpo.replay_ratio == 0.25 and report.exgrpo.pool_storage == "per_entry"
+    assert differing_paths(reports["train/exgrpo_qwen2.5_math_7b.sh"], report) == {
+        "exgrpo.replay_ratio",
+        "exgrpo.pool_storage",
+    }
+
+
+GOOD_EXTRA_ARGUMENTS = [
+    # (extra argument, resolved key, expected value): legitimate settings the checks must not reject
+    ("actor_rollout_ref.rollout.top_p=0.95", "actor_rollout_ref.rollout.top_p", 0.95),  # verl's default is int 1
+    ("trainer.logger=[console,wandb]", "trainer.logger", ["console", "wandb"]),
+    ("+actor_rollout_ref.model.override_config.attn_implementation=sdpa", None, None),
+    ("++ray_kwargs.ray_init.num_cpus=64", "ray_kwargs.ray_init.num_cpus", 64),
+    ("exgrpo.sigma=0.2", "exgrpo.sigma", 0.2),
+    ("exgrpo.delayed_start_threshold=-1", "exgrpo.delayed_start_threshold", -1),
+    ("++reward.custom_reward_function.reward_kwargs.timeout_s=5", None, None),
+]
+
+
+@pytest.mark.parametrize(("extra", "key", "value"), GOOD_EXTRA_ARGUMENTS, ids=[a for a, _, _ in GOOD_EXTRA_ARGUMENTS])
+def test_a_legitimate_extra_argument_passes(extra, key, value, launches):
+    report = compose(launches["train/exgrpo_qwen2.5_math_7b.sh"][0] + [extra])
+    if key is not None:
+        assert OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(report.config, key)}))["v"] == value
+
+
+def test_check_paths_reports_missing_model_and_data(launches):
+    with pytest.raises(DryRunError) as err:
+        dry_run(launches["train/exgrpo_qwen2.5_math_7b.sh"][0], check_files=True)
+    assert "actor_rollout_ref.model.path=/dry-run-placeholder/MODEL_PATH is not a directory" in str(err.value)
+    assert "data.train_files: /dry-run-placeholder/TRAIN_FILE is not a file" in str(err.value)
+
+
+# --------------------------------------------------------------------------- the real DRY_RUN=1 path
+def test_dry_run_mode_end_to_end(tmp_path):
+    """bash -> python -m recipe.exgrpo.dry_run: exit 0 and the resolved config on stdout."""
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=script_env(tmp_path, DRY_RUN="1"))
+    assert proc.returncode == 0, proc.stderr
+    cfg = OmegaConf.create(proc.stdout)
+    assert cfg.exgrpo.replay_ratio == 0.5 and cfg.trainer.total_training_steps == 700
+    assert cfg.trainer.default_local_dir == str(tmp_path / "ckpt" / "exgrpo" / "exgrpo_qwen2.5_math_7b")
+    assert "[dry-run] OK" in proc.stderr
+
+
+def test_dry_run_mode_fails_on_a_bad_extra_argument(tmp_path):
+    # (the in-process tests above cover each kind of mistake; this one covers the exit status of the real path)
+    extra = "exgrpo.replay_ratoi=0.25"
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", extra, env=script_env(tmp_path, DRY_RUN="1"))
+    assert proc.returncode == 1
+    assert "[dry-run] FAILED" in proc.stderr and "did you mean exgrpo.replay_ratio" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_dry_run_cli(tmp_path, launches, capsys):
+    overrides = launches["train/exgrpo_llama3.1_8b.sh"][0]
+    out = tmp_path / "resolved.yaml"
+    assert dry_run_main(["--quiet", "--output", str(out), "--", *overrides]) == 0
+    cfg = OmegaConf.load(out)
+    assert cfg.exgrpo.delayed_start_threshold == -1
+    assert cfg.reward.custom_reward_function.reward_kwargs.think_gate is False
+    assert capsys.readouterr().out == ""  # --quiet: no config on stdout
+    assert dry_run_main(["--quiet", "--", *overrides, "exgrpo.mu=2"]) == 1
+    assert "exgrpo.mu must be a number in [0.0, 1.0]" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- launch mode without launching
+def _recording_python(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for $PYTHON that records each call's arguments (one call per line, NUL-separated)."""
+    log = tmp_path / "calls.log"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/usr/bin/env bash\nprintf "%s\\0" "$@" >> {log}\necho >> {log}\n', encoding="utf-8")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return shim, log
+
+
+def test_launch_mode_runs_the_preflight_then_the_entry_point(tmp_path):
+    shim, log = _recording_python(tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    train.touch()
+    val.touch()
+    env = script_env(tmp_path, MODEL_PATH=str(model), TRAIN_FILE=str(train), VAL_FILE=str(val))
+    env["PYTHON"] = str(shim)
+    proc = run_script(TRAIN_DIR / "onpolicy_qwen2.5_math_1.5b.sh", "trainer.logger=[console]", env=env)
+    assert proc.returncode == 0, proc.stderr
+    calls = [line.split("\0")[:-1] for line in log.read_text(encoding="utf-8").splitlines()]
+    assert [c[:2] for c in calls] == [["-m", "recipe.exgrpo.dry_run"], ["-m", "recipe.exgrpo.main_exgrpo"]]
+    assert calls[0][2:5] == ["--quiet", "--check-paths", "--"]
+    assert calls[0][5:] == calls[1][2:]  # the pre-flight checks exactly what is launched
+    assert f"actor_rollout_ref.model.path='{model}'" in calls[1] and calls[1][-1] == "trainer.logger=[console]"
+    assert "exgrpo.enable=false" in calls[1]
+    assert (tmp_path / "ckpt" / "exgrpo" / "onpolicy_qwen2.5_math_1.5b").is_dir()
+
+
+def test_launch_mode_without_model_path_stops_with_the_reason(tmp_path):
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=script_env(tmp_path))
+    assert proc.returncode == 2
+    assert "MODEL_PATH is not set" in proc.stderr and "9216" in proc.stderr
+
+
+def test_launch_mode_refuses_a_short_context_model(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}', encoding="utf-8")
+    (tmp_path / "t.parquet").touch()
+    env = script_env(
+        tmp_path, MODEL_PATH=str(model), TRAIN_FILE=str(tmp_path / "t.parquet"), VAL_FILE=str(tmp_path / "t.parquet")
+    )
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=env)
+    assert proc.returncode == 2 and "max_position_embeddings=4096 < 9216" in proc.stderr
+
+
+# -------------------------------------------------------------------------------------- several nodes
+def test_several_nodes_need_a_ray_cluster(tmp_path):
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=script_env(tmp_path, NNODES="2", MODEL_PATH="/m"))
+    assert proc.returncode == 2
+    assert "NNODES=2 needs a running Ray cluster" in proc.stderr and "ray-head" in proc.stderr
+
+
+def test_several_nodes_join_the_ray_cluster():
+    (overrides,) = printed_launches(
+        TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", NNODES="2", N_GPUS_PER_NODE="4", RAY_ADDRESS="10.0.0.1:6379"
+    )
+    report = compose(overrides)
+    assert report.config.ray_kwargs.ray_init.address == "10.0.0.1:6379"
+    assert (report.config.trainer.nnodes, report.config.trainer.n_gpus_per_node) == (2, 4)
+
+
+def test_ray_helpers_print_their_commands():
+    env = script_env(DRY_RUN="print", N_GPUS_PER_NODE="4")
+    proc = run_script(TRAIN_DIR / "common.sh", "ray-worker", "10.0.0.1:6379", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "ray.scripts.scripts start --address=10.0.0.1:6379 --num-gpus=4" in proc.stderr
+    proc = run_script(TRAIN_DIR / "common.sh", "ray-head", env=env)
+    assert "start --head --port=6379 --num-gpus=4" in proc.stderr and "ray-worker" in proc.stderr
+    assert run_script(TRAIN_DIR / "common.sh", "ray-worker", env=env).returncode == 2  # no address
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_scripts_are_shellcheck_clean():
+    scripts = [str(p) for p in all_scripts()] + [str(TRAIN_DIR / "common.sh")]
+    proc = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
