@@ -15,6 +15,7 @@ response), and everything is saved/loaded together: ``save(dir, trainer_state)``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -138,6 +139,30 @@ class ExperienceManager:
         out.update(self.schedule.metrics(step, prefix="exgrpo/"))
         out["exgrpo/pool/prompt_store_questions"] = float(len(self.prompts))
         return out
+
+    def state_digest(self) -> dict[str, str]:
+        """SHA-256 of each part of the state (pool, sampler, selector, schedule, prompts): equal digests mean an
+        equal state, so a resumed run can prove it restored exactly what was saved."""
+        pool_state = self.pool.state_dict()
+        h = hashlib.sha256(json.dumps(pool_state["meta"], sort_keys=True, default=str).encode())
+        for name in sorted(pool_state["entries"]):
+            h.update(name.encode() + np.ascontiguousarray(pool_state["entries"][name]).tobytes())
+        h.update(np.ascontiguousarray(pool_state["token_ids"]).tobytes())
+        h.update(np.ascontiguousarray(pool_state["behaviour_log_probs"]).tobytes())
+        prompts = hashlib.sha256()
+        for q in sorted(self.prompts, key=str):
+            prompts.update(str(q).encode() + b"\0" + self.prompts[q].tobytes())
+
+        def js(obj: Any) -> str:
+            return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+        return {
+            "pool": h.hexdigest(),
+            "sampler": js(self.sampler.state_dict()),
+            "selector": js(self.selector.state_dict()),
+            "schedule": js(self.schedule.state_dict()),
+            "prompts": prompts.hexdigest(),
+        }
 
     # ------------------------------------------------------------------ persistence
     def _prune_prompts(self) -> None:

@@ -107,3 +107,19 @@ def test_missing_or_corrupt_prompt_file_is_a_clear_error(tmp_path):
     (tmp_path / "exp" / "prompts.arrow").unlink()
     with pytest.raises(PoolCheckpointError, match="missing"):
         ExperienceManager(_cfg()).load(tmp_path / "exp")
+
+
+def test_state_digest_tracks_every_part(tmp_path):
+    mgr = ExperienceManager(_cfg())
+    rng = np.random.default_rng(5)
+    _run_steps(mgr, rng, [1, 2])
+    before = mgr.state_digest()
+    mgr.save(tmp_path / "exp")
+    restored = ExperienceManager(_cfg())
+    restored.load(tmp_path / "exp")
+    assert restored.state_digest() == before
+    mgr.draw_replay(8, 3)  # advances the sampler's RNG only
+    after = mgr.state_digest()
+    assert after["sampler"] != before["sampler"] and after["pool"] == before["pool"]
+    mgr.collect(3, _groups(rng, 3))
+    assert mgr.state_digest()["pool"] != before["pool"]

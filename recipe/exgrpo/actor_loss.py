@@ -1,0 +1,121 @@
+"""The actor loss installed in verl's FSDP workers: verl's ``ppo_loss`` contract, ExGRPO's mixed objective.
+
+verl's ``ActorRolloutRefWorker`` calls ``loss_fn(model_output=..., data=micro_batch, dp_group=...)`` once per
+micro-batch; the trainer installs ``partial(exgrpo_actor_loss, config=actor_config, settings=...)`` once, at
+start-up, through the worker group's ``set_loss_fn``. Each micro-batch carries every per-row tensor of the
+driver's batch, so the replay mask and the stored behaviour log-probs reach the loss intact.
+
+The normalisers (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``) are passed
+through exactly as verl's ``ppo_loss`` does, so the loss scale does not depend on micro-batching or GPU count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensordict import TensorDict
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.utils.padding import no_padding_2_padding
+
+from exgrpo.objective import LOSS_METRIC_KINDS, mixed_policy_loss
+from recipe.exgrpo.mixed_batch import BEHAVIOUR_LOG_PROBS_KEY, IS_REPLAY_KEY, MIXED_KEY, RATIO_KEY
+
+METRIC_PREFIX = "exgrpo/"
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The ``exgrpo`` config keys the loss needs (a small, picklable value sent to every worker)."""
+
+    shaping: str = "policy_shaping"
+    shaping_beta: float = 0.1
+    is_correction: bool = True
+    fresh_clip: str = "released"
+    weight_terms_by_ratio: bool = False
+
+
+def loss_settings_from_config(cfg) -> LossSettings:
+    return LossSettings(
+        shaping=cfg.shaping,
+        shaping_beta=float(cfg.shaping_beta),
+        is_correction=bool(cfg.is_correction),
+        fresh_clip=cfg.fresh_clip,
+        weight_terms_by_ratio=bool(cfg.weight_terms_by_ratio),
+    )
+
+
+def _kind_to_aggregation(kind: str, loss_aggregation: AggregationType) -> AggregationType:
+    return {
+        "loss": loss_aggregation,
+        "mean": AggregationType.MEAN,
+        "max": AggregationType.MAX,
+        "count": AggregationType.SUM,
+    }.get(kind, AggregationType.MEAN)
+
+
+def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, settings: LossSettings):
+    """Drop-in replacement of verl 0.9.1's ``ppo_loss`` (workers/utils/losses.py) with the mixed objective."""
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+
+    dp_size = data["dp_size"]
+    batch_num_tokens = data["batch_num_tokens"]
+    global_batch_size = data["global_batch_size"]
+    if dp_size > 1 or batch_num_tokens is not None or global_batch_size is not None or config.loss_scale_factor:
+        loss_aggregation = AggregationType.SUM
+    else:
+        loss_aggregation = AggregationType.MEAN
+
+    fields = ["response_mask", "old_log_probs", "advantages", IS_REPLAY_KEY, BEHAVIOUR_LOG_PROBS_KEY, MIXED_KEY]
+    missing = [f for f in fields if f not in data.keys()]
+    if missing:
+        raise KeyError(
+            f"ExGRPO actor loss: the micro-batch lacks {missing}; it is installed by RayExGRPOTrainer, which adds "
+            "them to every batch (is the loss installed on a plain RayPPOTrainer?)"
+        )
+    if RATIO_KEY in data.keys():
+        fields.append(RATIO_KEY)
+    padded = data.select(*fields).to_padded_tensor()
+    replay_mask = padded[IS_REPLAY_KEY].bool().reshape(-1)
+    mixed = bool(padded[MIXED_KEY].bool().any().item())
+    fresh_clip = settings.fresh_clip == "always" or not mixed
+    replay_ratio = float(padded[RATIO_KEY].float().reshape(-1)[0].item()) if RATIO_KEY in padded.keys() else None
+
+    entropy_coeff = float(config.entropy_coeff or 0.0)
+    loss, raw_metrics = mixed_policy_loss(
+        log_prob=log_prob,
+        old_log_prob=padded["old_log_probs"],
+        behaviour_log_prob=padded[BEHAVIOUR_LOG_PROBS_KEY],
+        advantages=padded["advantages"],
+        response_mask=padded["response_mask"].bool(),
+        replay_mask=replay_mask,
+        loss_agg_mode=config.loss_agg_mode,
+        shaping=settings.shaping,
+        shaping_beta=settings.shaping_beta,
+        is_correction=settings.is_correction,
+        fresh_clip=fresh_clip,
+        clip_ratio_low=config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio,
+        clip_ratio_high=config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio,
+        clip_ratio_c=config.get("clip_ratio_c", 3.0),
+        loss_scale_factor=config.loss_scale_factor,
+        dp_size=dp_size,
+        global_token_count=batch_num_tokens,
+        global_seq_count=global_batch_size,
+        replay_ratio=replay_ratio,
+        weight_terms=settings.weight_terms_by_ratio,
+        entropy=entropy if entropy_coeff != 0.0 else None,
+        entropy_coeff=entropy_coeff,
+        metric_prefix=METRIC_PREFIX,
+    )
+    metrics = {}
+    for name, value in raw_metrics.items():
+        kind = LOSS_METRIC_KINDS.get(name.removeprefix(METRIC_PREFIX), "mean")
+        metrics[name] = Metric(value=value, aggregation=_kind_to_aggregation(kind, loss_aggregation))
+    # verl's own names, so dashboards built for verl keep working
+    metrics["pg_loss"] = Metric(value=raw_metrics[METRIC_PREFIX + "pg_loss"], aggregation=loss_aggregation)
+    for verl_name, ours in (("pg_clipfrac", "fresh_clip_frac"), ("ppo_kl", "fresh_ppo_kl")):
+        metrics[verl_name] = Metric(value=raw_metrics[METRIC_PREFIX + ours], aggregation=AggregationType.MEAN)
+    return loss, metrics
+

@@ -1,0 +1,457 @@
+"""``RayExGRPOTrainer``: verl's ``RayPPOTrainer`` with ExGRPO's experience replay (ALGORITHM.md).
+
+One step (ARCHITECTURE.md "data flow"):
+fresh prompts (leftovers first, then the data loader; retired questions skipped) and replayed questions
+(sampler over the pool's buckets, after the delayed start) → entropy pass of the actor over the replayed
+questions' stored trajectories → selected trajectory per replayed question → generation batch with K samples
+per fresh prompt and K−1 per replayed prompt → replayed members appended to their groups (same uid and
+prompt, stored response ids, stored behaviour log-probs) and re-scored → old log-probs → group-relative
+advantages on the mixed groups → actor update with the mixed loss (installed once at start-up) →
+collection into the pool, retirement, delayed-start check → metrics → checkpoint (pool inside
+``global_step_N/exgrpo``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import deque
+from functools import partial
+from pprint import pprint
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+from verl import DataProto
+from verl.protocol import pad_dataproto_to_divisor
+from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
+from verl.trainer.ppo.reward import extract_reward
+from verl.utils import tensordict_utils as tu
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.debug import marked_timer
+from verl.utils.metric import reduce_metrics
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+from exgrpo.advantage import group_relative_advantages
+from exgrpo.experience.manager import ExperienceManager
+from exgrpo.experience.pool import GroupMember
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
+from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
+from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
+from recipe.exgrpo.mixed_batch import (
+    BEHAVIOUR_LOG_PROBS_KEY,
+    IS_REPLAY_KEY,
+    MIXED_KEY,
+    RATIO_KEY,
+    build_candidate_batch,
+    build_replay_members,
+    chunk_by_token_budget,
+    generation_counts,
+    mark_fresh,
+)
+
+POOL_DIRNAME = "exgrpo"
+TRACE_FILE = "exgrpo_trace.jsonl"
+
+
+def replay_group_metrics(batch: DataProto) -> dict[str, float]:
+    """Members per replay group (K: the stored trajectory plus K−1 fresh rollouts) and replayed rows."""
+    uids = batch.non_tensor_batch["uid"]
+    is_replay = batch.batch[IS_REPLAY_KEY].numpy().astype(bool)
+    replay_uids = set(uids[is_replay].tolist())
+    sizes = [int((uids == u).sum()) for u in replay_uids]
+    return {
+        "exgrpo/replayed_rows": float(is_replay.sum()),
+        "exgrpo/replay_group_size_min": float(min(sizes)) if sizes else 0.0,
+        "exgrpo/replay_group_size_max": float(max(sizes)) if sizes else 0.0,
+    }
+
+
+class RayExGRPOTrainer(RayPPOTrainer):
+    """verl's legacy PPO trainer with the ExGRPO experience manager between rollout and actor update."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
+
+        # the trainer builds each step's prompt batch itself (fresh rows + replayed rows)
+        self.collate_fn = kwargs.get("collate_fn") or default_collate_fn
+        self.k = int(self.config.actor_rollout_ref.rollout.n)
+        self.exgrpo = exgrpo_config_from_hydra(self.config)
+        self.questions_per_step = int(self.config.data.train_batch_size)
+        self.experience = ExperienceManager(self.exgrpo)
+        if not hasattr(self.train_dataset, "question_ids"):
+            raise TypeError(
+                "ExGRPO needs data.custom_cls = recipe/exgrpo/dataset.py:ExGRPODataset (stable question ids); got "
+                f"{type(self.train_dataset).__name__}"
+            )
+        self.row_of_question = self.train_dataset.row_of()
+        self.leftover_rows: deque[int] = deque()
+        self.loader_epoch = 0
+        self._loader_iter = None
+
+    # ------------------------------------------------------------------ start-up
+    def init_workers(self):
+        super().init_workers()
+        # Installed once: verl warns that swapping the loss per step is unreliable (VERL_ON_CPU.md).
+        from verl.utils.config import omega_conf_to_dataclass
+
+        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=loss_settings_from_config(self.exgrpo))
+        self.actor_rollout_wg.set_loss_fn(loss_fn)
+
+    # ------------------------------------------------------------------ trace
+    def _trace(self, record: dict) -> None:
+        """Append one JSON line to ``<trainer.default_local_dir>/exgrpo_trace.jsonl``: what each step replayed
+        and drew fresh, and what a resume restored, so runs can be audited and compared after the fact."""
+        folder = self.config.trainer.default_local_dir
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, TRACE_FILE), "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    # ------------------------------------------------------------------ fresh prompts
+    def _next_loader_rows(self) -> list[int]:
+        """Row numbers of the next data-loader batch; a new epoch starts when one is exhausted."""
+        for _ in range(2):
+            if self._loader_iter is None:
+                self._loader_iter = iter(self.train_dataloader)
+            try:
+                batch_dict = next(self._loader_iter)
+                return [int(r) for r in batch_dict[ROW_KEY]]
+            except StopIteration:
+                self._loader_iter = None
+                self.loader_epoch += 1
+        raise RuntimeError("the training data loader yields no batch: is data.train_files empty after filtering?")
+
+    def _take_fresh_rows(self, n: int, exclude: set[str], metrics: dict) -> list[int]:
+        """``n`` fresh prompt rows: leftovers first, then the data loader. Nothing is silently dropped:
+        unused rows stay in ``leftover_rows`` (and in the checkpoint); retired questions are skipped and counted.
+        """
+        rows, deferred, skipped_retired = [], [], 0
+        qids = self.train_dataset.question_ids
+        retired = self.experience.retired if self.exgrpo.retire_fresh_prompts else ()
+        guard = 0
+        while len(rows) < n:
+            if not self.leftover_rows:
+                self.leftover_rows.extend(self._next_loader_rows())
+                guard += 1
+                if guard > 4 * (len(self.train_dataset) // max(1, self.questions_per_step) + 2):
+                    raise RuntimeError(
+                        "could not find enough fresh prompts that are neither retired nor replayed this step: "
+                        f"{len(self.experience.retired)} of {len(self.train_dataset)} questions are retired"
+                    )
+            row = self.leftover_rows.popleft()
+            qid = qids[row]
+            if qid in retired:
+                skipped_retired += 1
+            elif qid in exclude or qid in {qids[r] for r in rows}:
+                deferred.append(row)  # replayed this step (or a duplicate draw): keep it for a later step
+            else:
+                rows.append(row)
+        self.leftover_rows.extendleft(reversed(deferred))
+        metrics["exgrpo/fresh_skipped_retired"] = skipped_retired
+        metrics["exgrpo/leftover_prompts"] = len(self.leftover_rows)
+        return rows
+
+    # ------------------------------------------------------------------ trajectory selection
+    def _score_candidates(self, prompt_ids: list[np.ndarray], response_ids: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Per-token entropies and log-probs of candidate trajectories under the current actor (temperature 1)."""
+        order = np.argsort([len(p) + len(r) for p, r in zip(prompt_ids, response_ids)], kind="stable")
+        lengths = [len(prompt_ids[i]) + len(response_ids[i]) for i in order]
+        entropies: list = [None] * len(order)
+        log_probs: list = [None] * len(order)
+        # verl's forward splits a batch into dp ranks and (without dynamic batch size) fixed micro-batches:
+        # pad each chunk to a multiple of both (the padding rows are dropped below)
+        divisor = self._get_dp_size(self.actor_rollout_wg, "actor")
+        rollout_cfg = self.config.actor_rollout_ref.rollout
+        if not rollout_cfg.get("log_prob_use_dynamic_bsz", False):
+            divisor *= int(rollout_cfg.get("log_prob_micro_batch_size_per_gpu") or 1)
+        for chunk in chunk_by_token_budget(lengths, self.exgrpo.entropy_token_budget):
+            idx = order[chunk]
+            cand = build_candidate_batch(
+                [prompt_ids[i] for i in idx], [response_ids[i] for i in idx], self.tokenizer.pad_token_id
+            )
+            cand, _ = pad_dataproto_to_divisor(cand, divisor)
+            td = left_right_2_no_padding(cand.to_tensordict())
+            tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False, temperature=1.0)
+            out = self.actor_rollout_wg.compute_log_prob(td)
+            ent = no_padding_2_padding(tu.get(out, "entropy"), td).float()
+            lp = no_padding_2_padding(tu.get(out, "log_probs"), td).float()
+            mask = cand.batch["response_mask"].bool()
+            for j, i in enumerate(idx):  # padding rows come after the real ones
+                m = mask[j]
+                entropies[i] = ent[j][m].numpy()
+                log_probs[i] = lp[j][m].numpy()
+        return {"entropy": entropies, "log_prob": log_probs}
+
+    # ------------------------------------------------------------------ checkpoint
+    def _save_checkpoint(self):
+        # The pool is written first, so verl's tracker file (written last by super()) never points to a
+        # checkpoint without its pool.
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        self.experience.save(
+            os.path.join(folder, POOL_DIRNAME),
+            trainer_state={
+                "leftover_rows": list(self.leftover_rows),
+                "loader_epoch": self.loader_epoch,
+                "global_steps": self.global_steps,
+            },
+        )
+        super()._save_checkpoint()
+
+    def _resume_folder(self) -> str | None:
+        mode = self.config.trainer.resume_mode
+        if mode == "disable":
+            return None
+        if mode == "resume_path":
+            path = self.config.trainer.resume_from_path
+            return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+        folder = self.config.trainer.default_local_dir
+        folder = folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+        return find_latest_ckpt_path(folder)
+
+    def _load_checkpoint(self):
+        folder = self._resume_folder()
+        result = super()._load_checkpoint()
+        if folder is None or self.global_steps == 0:
+            return result
+        # verl skips the data-loader state at an "epoch boundary" computed from global_steps; with replay the
+        # loader runs behind global_steps, so restore it whenever it was saved.
+        data_pt = os.path.join(folder, "data.pt")
+        if os.path.exists(data_pt):
+            self.train_dataloader.load_state_dict(torch.load(data_pt, weights_only=False))
+        pool_dir = os.path.join(folder, POOL_DIRNAME)
+        if not os.path.isdir(pool_dir):
+            if self.exgrpo.resume_pool == "empty":
+                print(f"[exgrpo] no pool in {folder}: starting with an empty pool (exgrpo.resume_pool=empty)")
+                return result
+            raise FileNotFoundError(
+                f"resuming from {folder} but it holds no ExGRPO pool ({pool_dir} is missing). Resume from a checkpoint "
+                "written by this recipe, or set exgrpo.resume_pool=empty to start with an empty pool deliberately."
+            )
+        trainer_state = self.experience.load(pool_dir)
+        self.leftover_rows = deque(int(r) for r in trainer_state.get("leftover_rows", []))
+        self.loader_epoch = int(trainer_state.get("loader_epoch", 0))
+        print(
+            f"[exgrpo] restored pool from {pool_dir}: {self.experience.summary()}; "
+            f"{len(self.leftover_rows)} leftover prompts"
+        )
+        self._trace(
+            {
+                "event": "resume",
+                "from": folder,
+                "global_steps": self.global_steps,
+                "state_digest": self.experience.state_digest(),
+                "leftover_rows": list(self.leftover_rows),
+                "loader_epoch": self.loader_epoch,
+            }
+        )
+        return result
+
+    # ------------------------------------------------------------------ one step
+    def _build_step_batch(self, metrics: dict, timing_raw: dict):
+        """Draw replayed and fresh questions, select trajectories; returns the prompt batch and selections."""
+        b = self.questions_per_step
+        replay_qids: list[str] = []
+        if self.exgrpo.enable and self.experience.mixed:
+            with marked_timer("exgrpo_sample", timing_raw):
+                replay_qids = self.experience.draw_replay(b, self.global_steps)
+        fresh_rows = self._take_fresh_rows(b - len(replay_qids), exclude=set(replay_qids), metrics=metrics)
+        selected = []
+        if replay_qids:
+            with marked_timer("exgrpo_select", timing_raw):
+                selected = self.experience.select(replay_qids, self._score_candidates)
+        self._trace(
+            {
+                "event": "step",
+                "step": self.global_steps,
+                "mixed": bool(self.experience.mixed),
+                "replay_question_ids": list(replay_qids),
+                "selected_entry_ids": [s.entry_id for s in selected],
+                "selected_scores": [s.score for s in selected],
+                "fresh_rows": list(fresh_rows),
+            }
+        )
+        rows = fresh_rows + [self.row_of_question[q] for q in replay_qids]
+        batch_dict = self.collate_fn([self.train_dataset[r] for r in rows])
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
+        return batch, len(fresh_rows), replay_qids, selected
+
+    def _append_replay_members(self, batch: DataProto, counts: np.ndarray, num_fresh: int, selected) -> DataProto:
+        """Append each replayed question's selected trajectory to its group and re-score it."""
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        template = batch.select_idxs(starts[num_fresh:])
+        replay = build_replay_members(
+            template,
+            [s.response_ids for s in selected],
+            [s.behaviour_log_probs for s in selected],
+            self.tokenizer.pad_token_id,
+        )
+        scored = self.reward_loop_manager.compute_rm_score(replay)
+        replay.batch["rm_scores"] = scored.batch["rm_scores"]
+        for key, value in scored.non_tensor_batch.items():
+            replay.non_tensor_batch[key] = value
+        return DataProto.concat([batch, replay])
+
+    def _collect(self, batch: DataProto, metrics: dict) -> None:
+        """Collection (ALGORITHM.md §3): per group, the members' rewards, response ids and behaviour log-probs."""
+        scores = batch.batch["token_level_scores"].sum(-1).numpy()
+        responses = batch.batch["responses"].numpy()
+        resp_mask = batch.batch["response_mask"].bool().numpy()
+        old_lp = batch.batch["old_log_probs"].float().numpy()
+        prompts = batch.batch["prompts"].numpy()
+        prompt_mask = batch.batch["attention_mask"][:, : prompts.shape[1]].bool().numpy()
+        is_replay = batch.batch[IS_REPLAY_KEY].numpy()
+        behaviour = batch.batch[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
+        qids = batch.non_tensor_batch[QUESTION_ID_KEY]
+        uids = batch.non_tensor_batch["uid"]
+        groups: dict[str, list[int]] = {}
+        for i, u in enumerate(uids):
+            groups.setdefault(u, []).append(i)
+        members_by_question = {}
+        for rows in groups.values():
+            qid = str(qids[rows[0]])
+            members = []
+            for i in rows:
+                m = resp_mask[i]
+                lp = behaviour[i][m] if is_replay[i] else old_lp[i][m]
+                members.append(GroupMember(responses[i][m], lp, float(scores[i]), bool(is_replay[i])))
+            members_by_question[qid] = (prompts[rows[0]][prompt_mask[rows[0]]], members)
+        metrics.update(self.experience.collect(self.global_steps, members_by_question))
+
+    def fit(self):
+        from verl.utils.tracking import Tracking
+
+        logger = Tracking(
+            project_name=self.config.trainer.project_name,
+            experiment_name=self.config.trainer.experiment_name,
+            default_backend=self.config.trainer.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.checkpoint_manager.update_weights(self.global_steps)
+
+        if self.config.trainer.get("val_before_train", True):
+            val_metrics = self._validate()
+            pprint(f"Initial validation metrics: {val_metrics}")
+            logger.log(data=val_metrics, step=self.global_steps)
+            if self.config.trainer.get("val_only", False):
+                return
+
+        progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="ExGRPO training")
+        self.global_steps += 1
+        last_val_metrics = None
+        while self.global_steps <= self.total_training_steps:
+            metrics: dict = {}
+            timing_raw: dict = {}
+            is_last_step = self.global_steps >= self.total_training_steps
+            with marked_timer("step", timing_raw):
+                batch, num_fresh, replay_qids, selected = self._build_step_batch(metrics, timing_raw)
+                counts = generation_counts(num_fresh, len(replay_qids), self.k)
+                gen_batch = self._get_gen_batch(batch)
+                # _get_gen_batch moves every non-reward key to the generation batch; keep ours on the batch too
+                for key in (QUESTION_ID_KEY, ROW_KEY):
+                    batch.non_tensor_batch[key] = gen_batch.non_tensor_batch[key]
+                gen_batch.meta_info["global_steps"] = self.global_steps
+                gen_batch = gen_batch.sample_level_repeat(counts)
+                with marked_timer("gen", timing_raw, color="red"):
+                    gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
+                    self.checkpoint_manager.sleep_replicas()
+                    timing_raw.update(gen_output.meta_info.pop("timing", {}))
+                batch = batch.sample_level_repeat(counts).union(gen_output)
+                if "response_mask" not in batch.batch.keys():
+                    batch.batch["response_mask"] = compute_response_mask(batch)
+                mark_fresh(batch)
+                if replay_qids:
+                    with marked_timer("exgrpo_replay_rows", timing_raw):
+                        batch = self._append_replay_members(batch, counts, num_fresh, selected)
+                    metrics.update(replay_group_metrics(batch))
+                mixed = bool(self.exgrpo.enable and self.experience.mixed)
+                n_rows = len(batch)
+                batch.batch[MIXED_KEY] = torch.full((n_rows,), mixed, dtype=torch.bool)
+                batch.batch[RATIO_KEY] = torch.full((n_rows,), len(replay_qids) / self.questions_per_step)
+
+                if self.config.trainer.balance_batch:
+                    self._balance_batch(batch, metrics=metrics)
+                batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+                batch.meta_info["images_seqlens"] = []
+
+                with marked_timer("reward", timing_raw, color="yellow"):
+                    reward_tensor, reward_extra_infos = extract_reward(batch)
+                with marked_timer("old_log_prob", timing_raw, color="blue"):
+                    old_log_prob, mfu = self._compute_old_log_prob(batch)
+                    metrics["perf/mfu/actor_infer"] = mfu
+                    old_log_prob.batch.pop("entropys")
+                    batch = batch.union(old_log_prob)
+
+                with marked_timer("adv", timing_raw, color="brown"):
+                    batch.batch["token_level_scores"] = reward_tensor
+                    batch.batch["token_level_rewards"] = reward_tensor
+                    if reward_extra_infos:
+                        batch.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra_infos.items()})
+                    scores = reward_tensor.sum(-1).numpy()
+                    adv = group_relative_advantages(
+                        scores,
+                        batch.non_tensor_batch["uid"],
+                        norm_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
+                    )
+                    adv_t = torch.as_tensor(adv, dtype=torch.float32).unsqueeze(-1) * batch.batch["response_mask"]
+                    batch.batch["advantages"] = adv_t
+                    batch.batch["returns"] = adv_t
+
+                with marked_timer("update_actor", timing_raw, color="red"):
+                    actor_output = self._update_actor(batch)
+                metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+
+                with marked_timer("exgrpo_collect", timing_raw):
+                    if self.exgrpo.enable:
+                        self._collect(batch, metrics)
+                    pass_rate = float((scores >= 1.0).sum()) / float(len(scores))
+                    self.experience.observe_pass_rate(pass_rate, self.global_steps)
+
+                if self.config.trainer.save_freq > 0 and (
+                    is_last_step or self.global_steps % self.config.trainer.save_freq == 0
+                ):
+                    with marked_timer("save_checkpoint", timing_raw, color="green"):
+                        self._save_checkpoint()
+                with marked_timer("update_weights", timing_raw, color="red"):
+                    self.checkpoint_manager.update_weights(self.global_steps)
+
+            if self.config.trainer.test_freq > 0 and (
+                is_last_step or self.global_steps % self.config.trainer.test_freq == 0
+            ):
+                with marked_timer("testing", timing_raw, color="green"):
+                    val_metrics = self._validate()
+                    if is_last_step:
+                        last_val_metrics = val_metrics
+                metrics.update(val_metrics)
+
+            metrics.update(self.experience.metrics(self.global_steps))
+            metrics["exgrpo/batch_pass_rate"] = pass_rate
+            metrics["exgrpo/replayed_questions"] = len(replay_qids)
+            metrics["exgrpo/fresh_questions"] = num_fresh
+            metrics["exgrpo/mixed"] = float(mixed)
+            metrics["exgrpo/loader_epoch"] = self.loader_epoch
+            metrics.update({"training/global_step": self.global_steps, "training/epoch": self.loader_epoch})
+            metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+            metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+            n_gpus = self.resource_pool_manager.get_n_gpus()
+            metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus))
+            logger.log(data=metrics, step=self.global_steps)
+            progress_bar.update(1)
+            self.global_steps += 1
+            if is_last_step:
+                pprint(f"Final validation metrics: {last_val_metrics}")
+                break
+        progress_bar.close()
+        if hasattr(logger, "finish"):
+            try:
+                logger.finish()
+            except TypeError:
+                pass

@@ -1,0 +1,108 @@
+"""Entry point of the ExGRPO recipe: ``python -m recipe.exgrpo.main_exgrpo [hydra overrides]``.
+
+The config is verl's ``ppo_trainer`` plus one ``exgrpo:`` block (config/exgrpo_trainer.yaml). The block is
+validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pprint import pprint
+
+import hydra
+import ray
+from omegaconf import OmegaConf, open_dict
+from verl.trainer.main_ppo import run_ppo
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+
+RECIPE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def prepare_config(config) -> None:
+    """Fill the recipe's defaults that depend on where it is installed, and validate the ``exgrpo`` block."""
+    from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
+
+    with open_dict(config):
+        if not config.reward.custom_reward_function.get("path"):
+            config.reward.custom_reward_function.path = os.path.join(RECIPE_DIR, "reward.py")
+            config.reward.custom_reward_function.name = "compute_score"
+        if not config.data.custom_cls.get("path"):
+            config.data.custom_cls.path = os.path.join(RECIPE_DIR, "dataset.py")
+            config.data.custom_cls.name = "ExGRPODataset"
+    if config.trainer.get("use_v1", False):
+        raise ValueError(
+            "trainer.use_v1=True: the ExGRPO recipe runs on verl's RayPPOTrainer; set trainer.use_v1=False "
+            "(the default of config/exgrpo_trainer.yaml)"
+        )
+    exgrpo_config_from_hydra(config)  # raises with the bad key named
+    from recipe.exgrpo.cpu_guard import check_device_config
+
+    check_device_config(config)
+
+
+@ray.remote
+class ExGRPOTaskRunner(BaseTaskRunner):
+    """verl's legacy task runner, building a ``RayExGRPOTrainer`` on ``ExGRPODataset``."""
+
+    def run(self, config):
+        from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer
+
+        print(f"ExGRPOTaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
+        pprint(OmegaConf.to_container(config, resolve=True))
+        OmegaConf.resolve(config)
+
+        _, ray_worker_group_cls = self.add_actor_rollout_worker(config)
+        self.add_critic_worker(config)
+        self.add_reward_model_resource_pool(config)
+        self.add_teacher_model_resource_pool(config)
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
+
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+
+        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        tokenizer, processor = model_config.tokenizer, model_config.processor
+        resource_pool_manager = self.init_resource_pool_mgr(config)
+
+        train_dataset = create_rl_dataset(
+            config.data.train_files, config.data, tokenizer, processor, is_train=True,
+            max_samples=config.data.get("train_max_samples", -1),
+        )
+        val_dataset = create_rl_dataset(
+            config.data.val_files, config.data, tokenizer, processor, is_train=False,
+            max_samples=config.data.get("val_max_samples", -1),
+        )
+        train_sampler = create_rl_sampler(config.data, train_dataset)
+        trainer = RayExGRPOTrainer(
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=resource_pool_manager,
+            ray_worker_group_cls=ray_worker_group_cls,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            collate_fn=collate_fn,
+            train_sampler=train_sampler,
+        )
+        trainer.init_workers()
+        trainer.fit()
+
+
+@hydra.main(config_path="config", config_name="exgrpo_trainer", version_base=None)
+def main(config):
+    auto_set_device(config)
+    prepare_config(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=ExGRPOTaskRunner)
+
+
+if __name__ == "__main__":
+    main()
