@@ -329,7 +329,7 @@ def test_a_bad_extra_argument_is_caught(extra, expected):
 
 def test_a_good_extra_argument_wins(reports):
     (overrides,) = printed_launches(
-        TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", "exgrpo.replay_ratio=0.25", "+exgrpo.pool_storage=per_entry"
+        TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", "exgrpo.replay_ratio=0.25", "exgrpo.pool_storage=per_entry"
     )
     report = compose(overrides)
     assert report.exgrpo.replay_ratio == 0.25 and report.exgrpo.pool_storage == "per_entry"
