@@ -9,9 +9,11 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["exgrpo", "exgrpo.*", "recipe", "recipe.*", "data_preprocess"]),
     package_data={"recipe.exgrpo": ["config/*.yaml"]},
-    install_requires=["numpy", "pyarrow>=19.0.0", "torch", "safetensors", "tqdm"],
+    install_requires=["numpy", "pyarrow>=19.0.0", "torch", "safetensors", "tqdm", "math-verify", "pandas"],
     extras_require={
-        "verl": ["verl==0.9.1", "hydra-core", "pandas", "math-verify"],
+        "verl": ["verl==0.9.1", "hydra-core"],
+        "plot": ["matplotlib"],
         "dev": ["pytest", "pytest-timeout", "ruff"],
     },
+    entry_points={"console_scripts": ["exgrpo-eval=exgrpo.eval.cli:main"]},
 )
