@@ -1,0 +1,411 @@
+"""Offline assets for CPU tests and the demo: tiny Qwen2 model, byte-level tokenizer, toy data, SFT warm-up.
+
+Nothing is downloaded. ``build_assets()`` writes, into one directory:
+
+- ``tokenizer`` files inside each model directory: a byte-level BPE over the 256 byte symbols with **no merges**
+  (token id == byte value), plus ``<|im_end|>`` (eos), ``<|endoftext|>`` (pad), ``<|im_start|>`` and a ChatML
+  chat template. It is saved as a ``Qwen2Tokenizer`` so transformers 5 reloads it identically and verl's Qwen
+  checks pass (``"\\n"`` is one token, VERL_ON_CPU.md "Tokenizer for tiny offline models").
+- ``model_init/``: a randomly initialised Qwen2-architecture causal LM (hidden 64, 2 layers, sdpa attention).
+- ``model/``: the same model after a short supervised warm-up on toy arithmetic, so that at temperature 1.0 it
+  solves part of the questions: the analogue of starting RL from a base model that already solves some problems.
+  Without it every reward is 0, no question is partially solved and ExGRPO's experience pool never fills
+  (ALGORITHM.md §3).
+- ``data/train.parquet``, ``data/val.parquet``: the toy arithmetic splits (data_preprocess/toy_arithmetic.py).
+  The warm-up trains on *other* questions of the same kind, so RL and validation questions are unseen.
+- ``assets.json``: the settings, their hash, the measured pass rate and the warm-up time.
+
+``ensure_assets()`` caches the result under ``<repo>/.cache/exgrpo-assets/<hash of the settings>/`` (built once,
+atomically, under a file lock), so a test session or the demo builds it once.
+
+CLI: ``python -m recipe.exgrpo.cpu.assets --out DIR`` (copies the cached build there) or without ``--out`` to
+print where the cache is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_preprocess.toy_arithmetic import (
+    ToyArithmeticConfig,
+    answer,
+    generate_splits,
+    question_text,
+    write_parquet,
+)
+
+# Bump when the builder's behaviour changes in a way the settings below do not capture.
+BUILDER_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_CACHE_ROOT = REPO_ROOT / ".cache" / "exgrpo-assets"
+CACHE_ENV = "EXGRPO_ASSETS_CACHE"
+
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Qwen2 architecture settings of the tiny model (about 0.1 M parameters at the defaults)."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 256
+    rope_theta: float = 10000.0
+    init_seed: int = 0
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """Supervised warm-up: next-token loss on the response (``\\boxed{answer}<|im_end|>``) of toy questions."""
+
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    seed: int = 0
+    eval_questions: int = 64
+    eval_samples_per_question: int = 4
+    eval_temperature: float = 1.0
+    eval_max_new_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class AssetSpec:
+    model: TinyModelSpec = field(default_factory=TinyModelSpec)
+    warmup: WarmupSpec = field(default_factory=WarmupSpec)
+    data: ToyArithmeticConfig = field(default_factory=ToyArithmeticConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"builder_version": BUILDER_VERSION, **asdict(self)}
+
+    def digest(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=list).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Assets:
+    """Paths of one built asset directory."""
+
+    root: Path
+
+    @property
+    def model_path(self) -> Path:
+        """The warmed-up model (what RL starts from)."""
+        return self.root / "model"
+
+    @property
+    def init_model_path(self) -> Path:
+        return self.root / "model_init"
+
+    @property
+    def train_file(self) -> Path:
+        return self.root / "data" / "train.parquet"
+
+    @property
+    def val_file(self) -> Path:
+        return self.root / "data" / "val.parquet"
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return json.loads((self.root / "assets.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer / model
+def build_tokenizer():
+    """Byte-level BPE over the 256 byte symbols, no merges, ChatML specials; token id == byte value."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    byte_to_symbol = bytes_to_unicode()
+    vocab = {byte_to_symbol[b]: b for b in range(256)}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None)
+    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, EOS_TOKEN]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.model_max_length = 4096
+    return tokenizer
+
+
+def build_model(spec: TinyModelSpec, tokenizer):
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="sdpa",
+        dtype="float32",
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    torch.manual_seed(spec.init_seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+    return model
+
+
+def save_model(model, tokenizer, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+# ---------------------------------------------------------------------------------------------- warm-up
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def response_text(ground_truth: str) -> str:
+    return f"\\boxed{{{ground_truth}}}"
+
+
+def last_boxed(text: str) -> str | None:
+    found = BOXED.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _encode_example(tokenizer, question: str, ground_truth: str) -> tuple[list[int], int]:
+    """Prompt + response ids and the number of prompt tokens (the loss covers only the response)."""
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    response_ids = tokenizer.encode(response_text(ground_truth), add_special_tokens=False) + [tokenizer.eos_token_id]
+    return prompt_ids + response_ids, len(prompt_ids)
+
+
+def warmup_questions(data: ToyArithmeticConfig) -> list[tuple[int, str, int]]:
+    """Questions of the same kind as the toy splits but disjoint from them (RL and validation stay unseen)."""
+    splits = generate_splits(data)
+    held_out = {row["extra_info"]["question_id"] for rows in splits.values() for row in rows}
+    from data_preprocess.toy_arithmetic import question_id
+
+    return [q for q in data.all_questions() if question_id(*q) not in held_out]
+
+
+def sft_warmup(model, tokenizer, questions: list[tuple[int, str, int]], spec: WarmupSpec) -> dict[str, float]:
+    """Plain next-token SFT on the response tokens (AdamW, linear warm-up then cosine decay)."""
+    rng = random.Random(spec.seed)
+    torch.manual_seed(spec.seed)
+    examples = [_encode_example(tokenizer, question_text(*q), str(answer(*q))) for q in questions]
+    pad = tokenizer.pad_token_id
+    optim = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+        return 0.5 * (1.0 + torch.cos(torch.tensor(progress * torch.pi)).item())
+
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
+    model.train()
+    losses = []
+    for _ in range(spec.steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (ids, n_prompt) in enumerate(batch):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+            attention_mask[i, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    tail = losses[-50:]
+    return {"final_loss": sum(tail) / len(tail), "first_loss": losses[0]}
+
+
+@torch.no_grad()
+def pass_rate(
+    model,
+    tokenizer,
+    rows: list[dict],
+    samples_per_question: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Fraction of sampled responses whose last ``\\boxed{}`` equals the ground truth, plus per-question spread."""
+    from transformers import GenerationConfig
+
+    torch.manual_seed(seed)
+    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
+    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    width = max(len(e) for e in encoded)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, ids in enumerate(encoded):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_p=1.0,
+        top_k=0 if temperature > 0 else None,
+        eos_token_id=[tokenizer.eos_token_id, pad],
+        pad_token_id=pad,
+        bos_token_id=None,
+    )
+    correct = torch.zeros(len(rows))
+    for _ in range(samples_per_question):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg)
+        texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        for i, (row, text) in enumerate(zip(rows, texts, strict=True)):
+            correct[i] += float(last_boxed(text) == row["reward_model"]["ground_truth"])
+    per_question = correct / samples_per_question
+    return {
+        "pass_rate": float(per_question.mean()),
+        "all_solved_fraction": float((per_question == 1).float().mean()),
+        "none_solved_fraction": float((per_question == 0).float().mean()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- build + cache
+def build_assets(out_dir: str | Path, spec: AssetSpec | None = None) -> Assets:
+    """Build everything into ``out_dir`` (overwriting), measure the warm-up, and return the paths."""
+    spec = spec or AssetSpec()
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_model(spec.model, tokenizer)
+    save_model(model, tokenizer, root / "model_init")
+    write_parquet(root / "data", spec.data)
+
+    questions = warmup_questions(spec.data)
+    t0 = time.perf_counter()
+    losses = sft_warmup(model, tokenizer, questions, spec.warmup)
+    warmup_seconds = time.perf_counter() - t0
+    save_model(model, tokenizer, root / "model")
+
+    val_rows = generate_splits(spec.data)["val"][: spec.warmup.eval_questions]
+    t1 = time.perf_counter()
+    evaluation = pass_rate(
+        model,
+        tokenizer,
+        val_rows,
+        samples_per_question=spec.warmup.eval_samples_per_question,
+        temperature=spec.warmup.eval_temperature,
+        max_new_tokens=spec.warmup.eval_max_new_tokens,
+        seed=spec.warmup.seed,
+    )
+    report = {
+        "spec": spec.to_dict(),
+        "digest": spec.digest(),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "warmup_questions": len(questions),
+        "warmup_seconds": round(warmup_seconds, 2),
+        "eval_seconds": round(time.perf_counter() - t1, 2),
+        "torch_threads": torch.get_num_threads(),
+        **losses,
+        **evaluation,
+    }
+    (root / "assets.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
+    return Assets(root)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV, DEFAULT_CACHE_ROOT))
+
+
+def ensure_assets(spec: AssetSpec | None = None, root: str | Path | None = None) -> Assets:
+    """Return the cached assets for ``spec``, building them once (atomic rename, file lock for concurrency)."""
+    spec = spec or AssetSpec()
+    base = Path(root) if root is not None else cache_root()
+    base.mkdir(parents=True, exist_ok=True)
+    final = base / spec.digest()
+    if (final / "assets.json").exists():
+        return Assets(final)
+    with open(base / f".{spec.digest()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "assets.json").exists():
+            return Assets(final)
+        staging = Path(tempfile.mkdtemp(prefix=f".{spec.digest()}-", dir=base))
+        try:
+            build_assets(staging, spec)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return Assets(final)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build (or fetch from cache) the tiny CPU model and toy data.")
+    parser.add_argument("--out", help="copy the assets into this directory (default: only print the cache path)")
+    parser.add_argument("--rebuild", action="store_true", help="build into --out from scratch, ignoring the cache")
+    args = parser.parse_args(argv)
+    if args.rebuild:
+        if not args.out:
+            parser.error("--rebuild needs --out")
+        assets = build_assets(args.out)
+    else:
+        assets = ensure_assets()
+        if args.out:
+            shutil.copytree(assets.root, args.out, dirs_exist_ok=True)
+            assets = Assets(Path(args.out))
+    report = assets.report
+    summary = {
+        "root": str(assets.root),
+        "model_path": str(assets.model_path),
+        "train_file": str(assets.train_file),
+        "val_file": str(assets.val_file),
+        **{k: report[k] for k in ("pass_rate", "warmup_seconds", "num_parameters", "digest")},
+    }
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The one monkeypatch the CPU backend needs, kept here so it is easy to find and to delete.
+
+Why it is unavoidable: verl 0.9.1 builds the process-group backend string in
+``verl.utils.distributed.initialize_global_process_group_ray`` as ``f"cpu:gloo,{device}:{backend}"``. With the
+CPU platform that is ``"cpu:gloo,cpu:gloo"``, which ``torch.distributed`` rejects ("Duplicate device type cpu",
+VERL_ON_CPU.md blocker 4). The device name must stay ``"cpu"`` (verl uses it for ``tensor.to``), the backend
+name cannot make the string valid, and ``TrainingWorker.__init__`` calls the function without a ``backend``
+argument, so no public extension point reaches it. The wrapper below only fills in ``backend="gloo"`` when the
+platform is the CPU one and the caller passed none; every other call goes to verl's function unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+_PATCHED_ATTR = "_exgrpo_cpu_gloo_patch"
+
+
+def _gloo_when_cpu(original):
+    @functools.wraps(original)
+    def wrapper(timeout_second: Any = None, backend: str | None = None):
+        from verl.utils.device import get_device_name
+
+        if backend is None and get_device_name() == "cpu":
+            backend = "gloo"
+        return original(timeout_second=timeout_second, backend=backend)
+
+    setattr(wrapper, _PATCHED_ATTR, True)
+    return wrapper
+
+
+def patch_process_group_backend() -> None:
+    """Make verl's Ray process-group init use plain ``gloo`` on the CPU platform. Idempotent."""
+    import verl.utils.distributed as dist_utils
+
+    current = dist_utils.initialize_global_process_group_ray
+    if getattr(current, _PATCHED_ATTR, False):
+        return
+    patched = _gloo_when_cpu(current)
+    dist_utils.initialize_global_process_group_ray = patched
+    # Modules that imported the name before this patch hold their own reference: update those too.
+    for module_name in ("verl.workers.engine_workers",):
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, "initialize_global_process_group_ray"):
+            module.initialize_global_process_group_ray = patched

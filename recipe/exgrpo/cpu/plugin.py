@@ -1,0 +1,82 @@
+"""Entry module of the CPU backend, imported in every verl process through ``VERL_USE_EXTERNAL_MODULES``.
+
+``VERL_USE_EXTERNAL_MODULES=recipe.exgrpo.cpu.plugin`` makes ``import verl`` import this module in the driver,
+the TaskRunner and every Ray worker (verl/__init__.py), before any of them asks for the platform. Importing it:
+
+1. registers the ``cpu`` platform (``VERL_PLATFORM=cpu`` selects it; on a host without an accelerator verl's
+   auto-detection also lands on it);
+2. registers the ``hf`` rollout (``RolloutReplicaRegistry`` for the replica, verl's rollout-class table for the
+   worker-side adapter);
+and, only when the resolved platform is the CPU one,
+3. registers verl's FSDP engines for device ``cpu``;
+4. routes ``rollout.name=vllm|sglang|trtllm`` to a clear error instead of an import failure deep in a worker;
+5. applies the single process-group monkeypatch (patches.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+from verl.workers.rollout import base as _rollout_base
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+from . import platform as _platform  # noqa: F401  (registers PlatformCPU)
+
+# The hf_rollout module is imported lazily: a Ray actor process that unpickles HFRolloutServer imports hf_rollout
+# first, which imports verl, which imports this plugin; importing hf_rollout here would then be circular.
+ROLLOUT_NAME = "hf"
+
+GPU_ROLLOUTS = ("vllm", "sglang", "trtllm")
+GPU_ROLLOUT_MESSAGE = (
+    "actor_rollout_ref.rollout.name={name} needs a GPU inference engine, but verl runs on the CPU platform "
+    "(VERL_PLATFORM=cpu or no accelerator found). Set actor_rollout_ref.rollout.name=hf for the Hugging Face "
+    "CPU rollout, or run on a GPU machine without VERL_PLATFORM=cpu."
+)
+
+
+class GpuRolloutOnCpuError(RuntimeError):
+    """A GPU-only rollout engine was requested on the CPU platform."""
+
+
+def _load_hf_replica():
+    from .hf_rollout import HFReplica
+
+    return HFReplica
+
+
+def _gpu_rollout_guard(name: str):
+    def loader():
+        raise GpuRolloutOnCpuError(GPU_ROLLOUT_MESSAGE.format(name=name))
+
+    return loader
+
+
+def register_rollout() -> None:
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+    # verl has no register function for the worker-side table; it is a plain module-level dict.
+    _rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "recipe.exgrpo.cpu.hf_rollout.HFServerAdapter"
+
+
+def guard_gpu_rollouts() -> None:
+    for name in GPU_ROLLOUTS:
+        RolloutReplicaRegistry.register(name, _gpu_rollout_guard(name))
+        if (name, "async") in _rollout_base._ROLLOUT_REGISTRY:
+            _rollout_base._ROLLOUT_REGISTRY[(name, "async")] = f"recipe.exgrpo.cpu.gpu_only.{name}"
+
+
+def activate() -> None:
+    register_rollout()
+    if _platform.platform_is_cpu():
+        with warnings.catch_warnings():
+            # verl.workers.engine warns once per optional engine it cannot import (torchtitan, megatron, ...).
+            warnings.simplefilter("ignore", UserWarning)
+            engines = importlib.import_module("recipe.exgrpo.cpu.engines")
+        engines.register_cpu_engines()
+        guard_gpu_rollouts()
+        from .patches import patch_process_group_backend
+
+        patch_process_group_backend()
+
+
+activate()

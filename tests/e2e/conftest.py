@@ -1,0 +1,51 @@
+"""Fixtures for the real-verl CPU runs: cached offline assets and a hard-timeout runner that kills Ray too."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from recipe.exgrpo.cpu.assets import Assets, ensure_assets
+from recipe.exgrpo.cpu.procs import RunResult, run_in_new_session
+
+E2E_DIR = Path(__file__).resolve().parent
+TOY_REWARD = E2E_DIR / "toy_reward.py"
+
+
+@pytest.fixture(scope="session")
+def cpu_assets() -> Assets:
+    """The tiny warmed-up model and the toy parquet files (built once, then read from <repo>/.cache)."""
+    return ensure_assets()
+
+
+@pytest.fixture(scope="session")
+def toy_reward_path() -> Path:
+    return TOY_REWARD
+
+
+@pytest.fixture
+def ray_temp_dir() -> Iterator[str]:
+    """A short, private Ray temp dir (Ray's socket paths must stay under ~107 characters)."""
+    with tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as path:
+        yield path
+
+
+@pytest.fixture
+def run_cpu_job(repo_root: Path) -> Callable[..., RunResult]:
+    """``run_cpu_job(args, env, timeout_s, log_path)``: run ``python <args>`` in its own session.
+
+    The whole session (driver, Ray's GCS/raylet/workers) is killed when the command ends or hits
+    ``timeout_s``, so a hung placement group cannot outlive the test.
+    """
+
+    def run(args: Sequence[str], env: Mapping[str, str], timeout_s: float, log_path: Path) -> RunResult:
+        return run_in_new_session(
+            [sys.executable, *args], env={**os.environ, **env}, timeout_s=timeout_s, log_path=log_path, cwd=repo_root
+        )
+
+    return run

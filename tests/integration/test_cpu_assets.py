@@ -1,0 +1,392 @@
+"""CPU backend pieces without a Ray cluster: offline assets, the hf rollout server, the platform, the checks.
+
+The platform plugin changes process-wide verl state (platform singleton, registries), so what needs it loaded
+runs in a subprocess; everything else runs in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from data_preprocess.toy_arithmetic import ToyArithmeticConfig
+from recipe.exgrpo.cpu.assets import (
+    Assets,
+    AssetSpec,
+    WarmupSpec,
+    build_tokenizer,
+    ensure_assets,
+    last_boxed,
+)
+from recipe.exgrpo.cpu.run_config import (
+    PLUGIN_MODULE,
+    CpuRunSpec,
+    cpu_config_problems,
+    cpu_env,
+    cpu_overrides,
+    required_ray_cpus,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def assets() -> Assets:
+    return ensure_assets()
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer / model
+def test_tokenizer_is_byte_level_with_chat_specials(assets):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(assets.model_path)
+    text = "What is 23 + 58?\nÅ \\boxed{81}"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode("utf-8"))  # id == byte value, no merges
+    assert tok.decode(ids) == text
+    assert tok.encode("\n", add_special_tokens=False) == [10]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert tok.convert_tokens_to_ids("<|im_start|>") >= 256
+    assert len(tok) == 259
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tokenizer_passes_verls_qwen_checks(assets):
+    from verl.utils import hf_tokenizer
+    from verl.utils.tokenizer.continuous_token import QwenContinuousTokenBuilder
+
+    tok = hf_tokenizer(str(assets.model_path))
+    QwenContinuousTokenBuilder(tok)  # raises "Expected Qwen newline to tokenize to one token" on a bad tokenizer
+
+
+def test_model_is_tiny_qwen2_with_sdpa(assets):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(assets.model_path)
+    assert config.model_type == "qwen2"
+    assert config.vocab_size == len(build_tokenizer())
+    model = AutoModelForCausalLM.from_pretrained(assets.model_path, attn_implementation="sdpa")
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_warmup_leaves_the_model_partially_solving_the_task(assets):
+    report = assets.report
+    # the target of the warm-up (issue 4): a pass rate roughly between 20% and 70% at temperature 1.0
+    assert 0.15 <= report["pass_rate"] <= 0.8, report
+    assert report["none_solved_fraction"] < 1.0 and report["all_solved_fraction"] < 1.0
+    assert report["final_loss"] < report["first_loss"]
+
+
+def test_ensure_assets_builds_once_and_caches(tmp_path):
+    spec = AssetSpec(
+        warmup=WarmupSpec(steps=2, batch_size=4, warmup_steps=1, eval_questions=2, eval_samples_per_question=1),
+        data=ToyArithmeticConfig(n_train=8, n_val=4, max_operand=9),
+    )
+    first = ensure_assets(spec, root=tmp_path)
+    assert first.root.name == spec.digest()
+    assert first.train_file.exists() and first.val_file.exists()
+    assert (first.model_path / "model.safetensors").exists() and (first.init_model_path / "config.json").exists()
+    stamp = (first.root / "assets.json").stat().st_mtime_ns
+    again = ensure_assets(spec, root=tmp_path)
+    assert again.root == first.root and (again.root / "assets.json").stat().st_mtime_ns == stamp
+    other = AssetSpec(warmup=spec.warmup, data=ToyArithmeticConfig(n_train=8, n_val=4, max_operand=9, seed=1))
+    assert other.digest() != spec.digest()
+
+
+def test_last_boxed():
+    assert last_boxed("so \\boxed{12} then \\boxed{ 81 }") == "81"
+    assert last_boxed("no box") is None
+
+
+# ------------------------------------------------------------------------------------------------ hf rollout server
+def _server(assets: Assets, response_length: int = 12):
+    from verl.workers.config import RolloutConfig
+
+    from recipe.exgrpo.cpu.hf_rollout import HFRolloutServer
+
+    config = RolloutConfig(
+        name="hf", prompt_length=96, response_length=response_length, tensor_model_parallel_size=1, dtype="float32"
+    )
+    model_config = {"path": str(assets.model_path), "override_config": {"attn_implementation": "sdpa"}}
+    server = HFRolloutServer(config=config, model_config=model_config)
+    server.init_engine()
+    return server
+
+
+def _prompt_ids(assets: Assets, question: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(assets.model_path)
+    text = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def _teacher_forced_log_probs(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_log_probs_match_a_teacher_forced_forward(assets, temperature):
+    from recipe.exgrpo.cpu.hf_rollout import SamplingKey
+
+    server = _server(assets)
+    prompts = [_prompt_ids(assets, q) for q in ("What is 3 + 4?", "What is 12 + 30? Be brief.")]  # unequal lengths
+    key = SamplingKey(temperature=temperature, top_p=1.0, top_k=0, max_tokens=12, logprobs=True)
+    outputs = server.generate_batch(prompts, key)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert 1 <= len(out.token_ids) <= 12 and len(out.log_probs) == len(out.token_ids)
+        if len(out.token_ids) < 12:
+            assert out.token_ids[-1] in server.eos_token_ids  # stops at EOS and keeps it
+        expected = _teacher_forced_log_probs(server.model, prompt, out.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_generation_is_the_argmax(assets):
+    from recipe.exgrpo.cpu.hf_rollout import SamplingKey
+
+    server = _server(assets)
+    prompt = _prompt_ids(assets, "What is 20 + 22? Put the final answer in \\boxed{}.")
+    out = server.generate_batch([prompt], SamplingKey(0.0, 1.0, 0, 8, True))[0]
+    ids = list(prompt)
+    with torch.no_grad():
+        for token in out.token_ids:
+            assert int(server.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()) == token
+            ids.append(token)
+
+
+def test_sampling_params_follow_verls_vllm_defaults(assets):
+    server = _server(assets, response_length=12)
+    key = server.sampling_key(prompt_len=40, sampling_params={"temperature": 1.0, "top_p": 1, "top_k": -1})
+    assert key.max_tokens == 12 and key.top_k == 0 and key.logprobs is False
+    assert server.sampling_key(40, {"max_tokens": 5, "logprobs": True}).max_tokens == 5
+    with pytest.raises(ValueError, match="max_model_len"):
+        server.sampling_key(prompt_len=500, sampling_params={})
+
+
+def test_concurrent_requests_are_batched_and_answered(assets, tmp_path, monkeypatch):
+    from recipe.exgrpo.cpu.hf_rollout import DUMP_FILE
+
+    monkeypatch.setenv("EXGRPO_CPU_ROLLOUT_DUMP", str(tmp_path))
+    server = _server(assets)
+    prompt = _prompt_ids(assets, "What is 1 + 1?")
+
+    async def many():
+        params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        return await asyncio.gather(*[server.generate(prompt, dict(params), request_id=str(i)) for i in range(6)])
+
+    outputs = asyncio.run(many())
+    assert len(outputs) == 6 and all(o.log_probs and len(o.log_probs) == len(o.token_ids) for o in outputs)
+    events = [json.loads(line) for line in (tmp_path / DUMP_FILE).read_text().splitlines()]
+    batches = [e["num_requests"] for e in events if e["event"] == "generate"]
+    assert sum(batches) == 6 and max(batches) > 1
+
+
+def test_weight_update_changes_the_served_model_and_rejects_bad_weights(assets):
+    server = _server(assets)
+    prompt = _prompt_ids(assets, "What is 5 + 5?")
+    response = [92, 98, 111, 120]  # "\box"
+    before = _teacher_forced_log_probs(server.model, prompt, response, 1.0)
+    state = {k: v.clone() for k, v in server.model.state_dict().items()}
+    state["lm_head.weight"] += 0.5 * torch.randn_like(state["lm_head.weight"])
+    checksum_before = server.get_state()["checksum"]
+    info = server.update_weights(state, global_steps=3)
+    assert info["weights_version"] == 1 and server.global_steps == 3
+    assert info["checksum"] != checksum_before
+    after = _teacher_forced_log_probs(server.model, prompt, response, 1.0)
+    assert not torch.allclose(before, after)
+    with pytest.raises(KeyError, match="not in the served model"):
+        server.update_weights({"model.no_such.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="shape"):
+        server.update_weights({"lm_head.weight": torch.zeros(3, 3)})
+    with pytest.raises(KeyError, match="sent no weights"):
+        server.update_weights({"lm_head.weight": state["lm_head.weight"]})
+
+
+def test_rollout_config_needing_a_gpu_engine_is_rejected():
+    from verl.workers.config import RolloutConfig
+
+    from recipe.exgrpo.cpu.hf_rollout import HFRolloutConfigError, validate_hf_rollout_config
+
+    with pytest.raises(HFRolloutConfigError, match="tensor_model_parallel_size"):
+        validate_hf_rollout_config(RolloutConfig(name="hf", tensor_model_parallel_size=2))
+
+
+# ------------------------------------------------------------------------------------------------ engine checks
+def test_engine_check_names_fsdp1_and_flash_attention():
+    from recipe.exgrpo.cpu.engines import CpuEngineConfigError, check_cpu_engine_settings
+
+    good_model = SimpleNamespace(override_config={"attn_implementation": "sdpa"}, hf_config=None)
+    check_cpu_engine_settings(good_model, SimpleNamespace(strategy="fsdp2"))
+    with pytest.raises(CpuEngineConfigError, match="strategy=fsdp2"):
+        check_cpu_engine_settings(good_model, SimpleNamespace(strategy="fsdp"))
+    flash = SimpleNamespace(override_config={}, hf_config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(CpuEngineConfigError, match="attn_implementation=sdpa"):
+        check_cpu_engine_settings(flash, SimpleNamespace(strategy="fsdp2"))
+
+
+# ------------------------------------------------------------------------------------------------ overrides + checks
+def _compose(overrides: list[str]):
+    import verl.trainer.main_ppo as main_ppo
+    from hydra import compose, initialize_config_dir
+
+    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    task_overrides = [o for o in overrides if not o.lstrip("+").startswith("hydra.")]
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=task_overrides)
+
+
+def _spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
+    return CpuRunSpec(
+        model_path="/m", train_files="/t.parquet", val_files="/v.parquet", output_dir=str(tmp_path), **kwargs
+    )
+
+
+def test_cpu_overrides_compose_against_verls_config_and_pass_the_check(tmp_path):
+    spec = _spec(tmp_path, reward_fn_path="/r.py", ray_temp_dir="/tmp/x", total_training_steps=5, rollout_n=3)
+    cfg = _compose(cpu_overrides(spec))
+    assert cfg.actor_rollout_ref.rollout.name == "hf" and cfg.actor_rollout_ref.rollout.n == 3
+    assert cfg.trainer.use_v1 is False and cfg.trainer.total_training_steps == 5
+    assert cfg.reward.custom_reward_function.path == "/r.py"
+    assert cfg.ray_kwargs.ray_init.num_gpus == 1
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert cpu_config_problems(cfg, env=cpu_env(base={})) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["actor_rollout_ref.rollout.name=vllm"], "actor_rollout_ref.rollout.name=vllm"),
+        (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy=fsdp"),
+        (["actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2"], "attn_implementation"),
+        (["ray_kwargs.ray_init.num_cpus=4"], "ray_kwargs.ray_init.num_cpus=4"),
+        (["ray_kwargs.ray_init.num_gpus=0"], "ray_kwargs.ray_init.num_gpus=0"),
+        (["actor_rollout_ref.model.use_remove_padding=True"], "use_remove_padding"),
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "tensor_model_parallel_size=2"),
+    ],
+)
+def test_config_check_names_the_bad_key_and_the_fix(tmp_path, extra, key):
+    cfg = _compose(cpu_overrides(_spec(tmp_path, extra_overrides=extra)))
+    problems = cpu_config_problems(cfg, env=cpu_env(base={}))
+    assert len(problems) == 1 and key in problems[0], problems
+    assert "set" in problems[0].lower()
+
+
+def test_config_check_needs_the_plugin_in_the_environment(tmp_path):
+    cfg = _compose(cpu_overrides(_spec(tmp_path)))
+    problems = cpu_config_problems(cfg, env={})
+    assert any("VERL_USE_EXTERNAL_MODULES" in p for p in problems)
+
+
+def test_required_cpus_grow_with_workers():
+    assert required_ray_cpus(1, 1, 1) == 7
+    assert required_ray_cpus(2, 2, 1) > required_ray_cpus(1, 1, 1)
+
+
+def test_cpu_env_extends_rather_than_replaces():
+    env = cpu_env(base={"VERL_USE_EXTERNAL_MODULES": "other.mod", "PYTHONPATH": "/x"}, threads=2, wall_limit_s=60)
+    assert env["VERL_USE_EXTERNAL_MODULES"].split(",") == [PLUGIN_MODULE, "other.mod"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/x"]
+    assert env["VERL_PLATFORM"] == "cpu" and env["OMP_NUM_THREADS"] == "2"
+    assert env["EXGRPO_CPU_WALL_LIMIT_S"] == "60"
+
+
+# ------------------------------------------------------------------------------------------------ plugin (subprocess)
+PLUGIN_PROBE = textwrap.dedent(
+    """
+    import json, os
+    import verl
+    from verl.utils.device import get_device_name, get_torch_device, get_nccl_backend, get_resource_name
+    from verl.utils.flops_counter import get_device_flops
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.rollout.replica import get_rollout_replica_class
+    from verl.workers.rollout.base import get_rollout_class
+    import torch.distributed as dist
+    from verl.utils.distributed import initialize_global_process_group_ray
+
+    out = {
+        "device": get_device_name(),
+        "device_name_string": get_torch_device().get_device_name(),
+        "backend": get_nccl_backend(),
+        "resource": get_resource_name(),
+        "flops": get_device_flops(),
+        "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
+        "replica": get_rollout_replica_class("hf").__name__,
+        "adapter": get_rollout_class("hf", "async").__name__,
+    }
+    for name, fn in (("vllm_replica", lambda: get_rollout_replica_class("vllm")),
+                     ("vllm_adapter", lambda: get_rollout_class("vllm", "async"))):
+        try:
+            fn()
+            out[name] = "no error"
+        except Exception as e:
+            out[name] = f"{type(e).__name__}: {e}"
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"])
+    initialize_global_process_group_ray()
+    t = __import__("torch").ones(3)
+    dist.all_reduce(t)
+    out["pg_backend"] = dist.get_backend()
+    out["allreduce"] = t.tolist()
+    dist.destroy_process_group()
+    print("PROBE" + json.dumps(out))
+    """
+)
+
+
+def test_plugin_registers_platform_engines_rollout_and_gloo_in_a_fresh_process():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **cpu_env(threads=1), "PROBE_PORT": str(port)}
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-c", PLUGIN_PROBE], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE"))
+    out = json.loads(line[len("PROBE") :])
+    assert out["device"] == "cpu" and out["device_name_string"] == "CPU"
+    assert out["backend"] == "gloo" and out["resource"] == "GPU"
+    assert out["flops"] > 0
+    assert out["engine"] == "CpuFSDPEngineWithLMHead"
+    assert out["replica"] == "HFReplica" and out["adapter"] == "HFServerAdapter"
+    for key in ("vllm_replica", "vllm_adapter"):
+        assert out[key].startswith("GpuRolloutOnCpuError") and "rollout.name=hf" in out[key]
+    assert out["pg_backend"] == "gloo" and out["allreduce"] == [1.0, 1.0, 1.0]
+    assert time.time() - start < 120
+
+
+# ------------------------------------------------------------------------------------------------ process runner
+def test_runner_kills_the_whole_session_on_timeout(tmp_path):
+    import psutil
+
+    from recipe.exgrpo.cpu.procs import run_in_new_session
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    result = run_in_new_session([sys.executable, "-c", script], env=os.environ, timeout_s=3, log_path=tmp_path / "l")
+    assert result.timed_out and result.returncode is None
+    grandchild = int(pid_file.read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    assert result.peak_rss_bytes > 0
