@@ -25,7 +25,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 from verl import DataProto
-from verl.protocol import pad_dataproto_to_divisor
+from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
@@ -360,10 +360,15 @@ class RayExGRPOTrainer(RayPPOTrainer):
                     batch.non_tensor_batch[key] = gen_batch.non_tensor_batch[key]
                 gen_batch.meta_info["global_steps"] = self.global_steps
                 gen_batch = gen_batch.sample_level_repeat(counts)
+                # verl's agent-loop manager splits the rows evenly across its workers: pad, then drop the padding
+                gen_batch, gen_pad = pad_dataproto_to_divisor(
+                    gen_batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers)
+                )
                 with marked_timer("gen", timing_raw, color="red"):
                     gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
                     self.checkpoint_manager.sleep_replicas()
                     timing_raw.update(gen_output.meta_info.pop("timing", {}))
+                gen_output = unpad_dataproto(gen_output, pad_size=gen_pad)
                 batch = batch.sample_level_repeat(counts).union(gen_output)
                 if "response_mask" not in batch.batch.keys():
                     batch.batch["response_mask"] = compute_response_mask(batch)
