@@ -131,6 +131,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         unused rows stay in ``leftover_rows`` (and in the checkpoint); retired questions are skipped and counted.
         """
         rows, deferred, skipped_retired = [], [], 0
+        chosen: set[str] = set()
         qids = self.train_dataset.question_ids
         retired = self.experience.retired if self.exgrpo.retire_fresh_prompts else ()
         guard = 0
@@ -147,10 +148,11 @@ class RayExGRPOTrainer(RayPPOTrainer):
             qid = qids[row]
             if qid in retired:
                 skipped_retired += 1
-            elif qid in exclude or qid in {qids[r] for r in rows}:
+            elif qid in exclude or qid in chosen:
                 deferred.append(row)  # replayed this step (or a duplicate draw): keep it for a later step
             else:
                 rows.append(row)
+                chosen.add(qid)
         self.leftover_rows.extendleft(reversed(deferred))
         metrics["exgrpo/fresh_skipped_retired"] = skipped_retired
         metrics["exgrpo/leftover_prompts"] = len(self.leftover_rows)
