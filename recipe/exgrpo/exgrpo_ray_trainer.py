@@ -457,8 +457,4 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 pprint(f"Final validation metrics: {last_val_metrics}")
                 break
         progress_bar.close()
-        if hasattr(logger, "finish"):
-            try:
-                logger.finish()
-            except TypeError:
-                pass
+        logger.finish()  # flush the file/TensorBoard/W&B backends
