@@ -69,6 +69,11 @@ class ExGRPOConfig:
     collect_from: str = "start"
     #: Stop drawing retired (K/K) questions as fresh prompts at once (OUR CHOICE) instead of at the next epoch.
     retire_fresh_prompts: bool = True
+    #: Table 6 ablation "retired questions re-added": every `readd_retired_every` steps, this fraction of the
+    #: retired questions (drawn at random) is un-retired and can be drawn as a fresh prompt again (0 = off).
+    readd_retired_fraction: float = 0.0
+    #: Period in steps of the re-adding above (the paper's ablation: 10% every 25 steps).
+    readd_retired_every: int = 25
     #: Optional cap on stored trajectories per question, oldest evicted first (OUR CHOICE; None = off).
     max_entries_per_question: int | None = None
     #: Optional cap on stored response tokens in the whole pool, oldest evicted first (None = off).
@@ -165,6 +170,8 @@ class ExGRPOConfig:
         _check_int(self.seed, "seed", lo=0)
         _check_float(self.replay_ratio, "replay_ratio", lo=0.0, hi=1.0, hi_open=True)
         _check_int(self.replay_ratio_ramp_steps, "replay_ratio_ramp_steps", lo=0, hint="0 = constant rho")
+        _check_float(self.readd_retired_fraction, "readd_retired_fraction", lo=0.0, hi=1.0, hint="0 = off")
+        _check_int(self.readd_retired_every, "readd_retired_every", lo=1)
         _check_float(
             self.delayed_start_threshold,
             "delayed_start_threshold",

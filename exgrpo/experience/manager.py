@@ -132,6 +132,21 @@ class ExperienceManager:
             print(f"[exgrpo] step {step}: batch pass rate {pass_rate:.3f} > {self.schedule.threshold}: mixed mode on")
         return switched
 
+    def readd_retired(self, step: int) -> list[QuestionId]:
+        """The "retired questions re-added" ablation (paper Table 6): every ``readd_retired_every`` steps,
+        ⌊fraction · |retired|⌋ retired questions, drawn with the sampler's (checkpointed) RNG, are un-retired."""
+        fraction, every = self.cfg.readd_retired_fraction, self.cfg.readd_retired_every
+        if not self.cfg.enable or fraction <= 0 or step % every != 0:
+            return []
+        retired = list(self.pool.retired)
+        n = int(fraction * len(retired))
+        if n == 0:
+            return []
+        chosen = [retired[i] for i in sorted(self.sampler.rng.choice(len(retired), size=n, replace=False))]
+        self.pool.unretire(chosen)
+        self._last["exgrpo/readded_retired"] = float(n)
+        return chosen
+
     def metrics(self, step: int) -> dict[str, float]:
         """Pool, bucket, schedule and last draw/selection/collection figures, under ``exgrpo/``."""
         out = dict(self._last)

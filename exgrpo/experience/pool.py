@@ -495,7 +495,9 @@ class ExperiencePool:
         self._num_entries = 0
         self._total_tokens = 0
         self._last_step = -1
-        self.counters = {"collected": 0, "duplicates": 0, "evicted": 0, "retired": 0, "collect_calls": 0}
+        self.counters = {
+            "collected": 0, "duplicates": 0, "evicted": 0, "retired": 0, "unretired": 0, "collect_calls": 0
+        }
 
     # ------------------------------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -701,6 +703,16 @@ class ExperiencePool:
         if qid not in self._retired:
             self._retired[qid] = self._last_step if step is None else step
             self.counters["retired"] += 1
+
+    def unretire(self, question_ids: Iterable[QuestionId]) -> int:
+        """Un-retire questions (the "retired questions re-added" ablation): they may be drawn as fresh prompts
+        and collected again. Their trajectories were dropped at retirement. Returns how many were retired."""
+        n = 0
+        for qid in question_ids:
+            if self._retired.pop(qid, None) is not None:
+                n += 1
+        self.counters["unretired"] += n
+        return n
 
     def collect(self, step: int, groups: Iterable[Group], *, mixed: bool = True) -> CollectStats:
         """Apply the collection rules of ALGORITHM.md §3 to this step's groups (after rewards are known).

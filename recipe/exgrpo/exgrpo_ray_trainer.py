@@ -421,6 +421,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                         self._collect(batch, metrics)
                     pass_rate = float((scores >= 1.0).sum()) / float(len(scores))
                     self.experience.observe_pass_rate(pass_rate, self.global_steps)
+                    self.experience.readd_retired(self.global_steps)
 
                 if self.config.trainer.save_freq > 0 and (
                     is_last_step or self.global_steps % self.config.trainer.save_freq == 0

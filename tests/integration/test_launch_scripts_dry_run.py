@@ -39,7 +39,6 @@ BACKBONES = (
     "luffy_continual",
 )
 #: PAPER_RESULTS.md Table 6, one preset per row: the exgrpo keys each preset changes, relative to the 7B run.
-#: (The "retired questions re-added" row has no switch in exgrpo.config, so it has no preset.)
 ABLATIONS: dict[str, dict[str, Any]] = {
     "on_policy": {"enable": False},
     "wo_question_selection": {"weighting": "uniform"},
@@ -53,6 +52,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "sigma_1.5": {"sigma": 1.5 / 8},  # count units -> accuracy units: sigma / K with K = 8
     "sigma_0.5": {"sigma": 0.5 / 8},
     "mu_0.25": {"mu": 0.25},
+    "readd_retired": {"readd_retired_fraction": 0.1},
 }
 #: Environment a user may have set; removed so every run starts from the scripts' own defaults.
 CLEARED_ENV = (

@@ -123,3 +123,36 @@ def test_state_digest_tracks_every_part(tmp_path):
     assert after["sampler"] != before["sampler"] and after["pool"] == before["pool"]
     mgr.collect(3, _groups(rng, 3))
     assert mgr.state_digest()["pool"] != before["pool"]
+
+
+def _retire_all(mgr, step, n_questions=12):
+    groups = {}
+    for q in range(n_questions):
+        members = [GroupMember(np.array([5, q, 9], np.int32), np.full(3, -0.5, np.float32), 1.0) for _ in range(K)]
+        groups[f"q{q}"] = (np.arange(4, dtype=np.int32), members)
+    mgr.collect(step, groups)
+
+
+def test_readd_retired_every_n_steps_with_checkpointed_rng(tmp_path):
+    mgr = ExperienceManager(_cfg(readd_retired_fraction=0.25, readd_retired_every=5))
+    _retire_all(mgr, 1)
+    assert len(mgr.retired) == 12
+    assert mgr.readd_retired(4) == []  # not a multiple of readd_retired_every
+    mgr.save(tmp_path / "exp")
+    back = mgr.readd_retired(5)
+    assert len(back) == 3 and len(mgr.retired) == 9  # floor(0.25 * 12)
+    assert not any(q in mgr.retired for q in back)
+    assert mgr.metrics(5)["exgrpo/readded_retired"] == 3.0
+    restored = ExperienceManager(_cfg(readd_retired_fraction=0.25, readd_retired_every=5))
+    restored.load(tmp_path / "exp")
+    assert restored.readd_retired(5) == back  # same draw after a resume
+    off = ExperienceManager(_cfg())
+    _retire_all(off, 1)
+    assert off.readd_retired(25) == [] and len(off.retired) == 12  # default: off
+
+
+def test_readd_retired_config_is_validated():
+    with pytest.raises(ValueError, match="exgrpo.readd_retired_fraction"):
+        _cfg(readd_retired_fraction=1.5)
+    with pytest.raises(ValueError, match="exgrpo.readd_retired_every"):
+        _cfg(readd_retired_every=0)
