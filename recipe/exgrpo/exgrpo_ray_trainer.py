@@ -30,7 +30,6 @@ from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_througho
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
 from verl.utils import tensordict_utils as tu
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
@@ -38,6 +37,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 from exgrpo.advantage import group_relative_advantages
 from exgrpo.experience.manager import ExperienceManager
 from exgrpo.experience.pool import GroupMember
+from exgrpo.experience.selection import batch_by_token_budget
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
@@ -48,7 +48,6 @@ from recipe.exgrpo.mixed_batch import (
     RATIO_KEY,
     build_candidate_batch,
     build_replay_members,
-    chunk_by_token_budget,
     generation_counts,
     mark_fresh,
 )
@@ -159,20 +158,21 @@ class RayExGRPOTrainer(RayPPOTrainer):
         return rows
 
     # ------------------------------------------------------------------ trajectory selection
-    def _score_candidates(self, prompt_ids: list[np.ndarray], response_ids: list[np.ndarray]) -> dict[str, np.ndarray]:
+    def _score_candidates(
+        self, prompt_ids: list[np.ndarray], response_ids: list[np.ndarray]
+    ) -> dict[str, list[np.ndarray]]:
         """Per-token entropies and log-probs of candidate trajectories under the current actor (temperature 1)."""
-        order = np.argsort([len(p) + len(r) for p, r in zip(prompt_ids, response_ids)], kind="stable")
-        lengths = [len(prompt_ids[i]) + len(response_ids[i]) for i in order]
-        entropies: list = [None] * len(order)
-        log_probs: list = [None] * len(order)
+        lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+        entropies: list = [None] * len(lengths)
+        log_probs: list = [None] * len(lengths)
         # verl's forward splits a batch into dp ranks and (without dynamic batch size) fixed micro-batches:
         # pad each chunk to a multiple of both (the padding rows are dropped below)
         divisor = self._get_dp_size(self.actor_rollout_wg, "actor")
         rollout_cfg = self.config.actor_rollout_ref.rollout
         if not rollout_cfg.get("log_prob_use_dynamic_bsz", False):
             divisor *= int(rollout_cfg.get("log_prob_micro_batch_size_per_gpu") or 1)
-        for chunk in chunk_by_token_budget(lengths, self.exgrpo.entropy_token_budget):
-            idx = order[chunk]
+        padded = not self.config.actor_rollout_ref.model.get("use_remove_padding", False)
+        for idx in batch_by_token_budget(lengths, self.exgrpo.entropy_token_budget, padded=padded):
             cand = build_candidate_batch(
                 [prompt_ids[i] for i in idx], [response_ids[i] for i in idx], self.tokenizer.pad_token_id
             )
@@ -204,26 +204,21 @@ class RayExGRPOTrainer(RayPPOTrainer):
         )
         super()._save_checkpoint()
 
-    def _resume_folder(self) -> str | None:
-        mode = self.config.trainer.resume_mode
-        if mode == "disable":
-            return None
-        if mode == "resume_path":
-            path = self.config.trainer.resume_from_path
-            return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-        folder = self.config.trainer.default_local_dir
-        folder = folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
-        return find_latest_ckpt_path(folder)
-
     def _load_checkpoint(self):
-        folder = self._resume_folder()
         result = super()._load_checkpoint()
-        if folder is None or self.global_steps == 0:
+        if self.global_steps == 0:  # nothing was resumed
             return result
-        # verl skips the data-loader state at an "epoch boundary" computed from global_steps; with replay the
-        # loader runs behind global_steps, so restore it whenever it was saved.
+        # the folder verl just loaded (its _load_checkpoint does not return it)
+        if self.config.trainer.resume_mode == "resume_path":
+            folder = self.config.trainer.resume_from_path
+        else:
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        folder = os.path.abspath(folder)
+        # verl skips the data-loader state when global_steps is a multiple of the epoch length; with replay the
+        # loader runs behind global_steps, so restore it in that case too.
         data_pt = os.path.join(folder, "data.pt")
-        if os.path.exists(data_pt):
+        steps_per_epoch = len(self.train_dataloader)
+        if os.path.exists(data_pt) and steps_per_epoch > 0 and self.global_steps % steps_per_epoch == 0:
             self.train_dataloader.load_state_dict(torch.load(data_pt, weights_only=False))
         pool_dir = os.path.join(folder, POOL_DIRNAME)
         if not os.path.isdir(pool_dir):

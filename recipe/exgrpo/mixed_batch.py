@@ -6,7 +6,8 @@ Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with
   trajectory, unlike the released code).
 - ``build_replay_members``: the replayed member of each replay group, made from a fresh member of the same
   group (same uid, prompt tokens and reward metadata) with the stored response ids and behaviour log-probs.
-- ``build_candidate_batch`` / ``chunk_by_token_budget``: the rows of the entropy pass that picks which stored
+- ``build_candidate_batch``: the rows of the entropy pass (batched by
+  ``exgrpo.experience.selection.batch_by_token_budget``) that picks which stored
   trajectory a replayed question contributes.
 """
 
@@ -134,21 +135,3 @@ def build_candidate_batch(
     }
     return DataProto.from_single_dict(batch)
 
-
-def chunk_by_token_budget(lengths: Sequence[int], budget: int) -> list[np.ndarray]:
-    """Split candidate rows into consecutive chunks whose padded size (rows × longest row) fits ``budget``.
-
-    A single row longer than the budget gets a chunk of its own.
-    """
-    if budget <= 0:
-        raise ValueError(f"exgrpo.entropy_token_budget must be > 0, got {budget}")
-    chunks, start, longest = [], 0, 0
-    for i, n in enumerate(lengths):
-        new_longest = max(longest, int(n))
-        if i > start and new_longest * (i - start + 1) > budget:
-            chunks.append(np.arange(start, i))
-            start, new_longest = i, int(n)
-        longest = new_longest
-    if len(lengths):
-        chunks.append(np.arange(start, len(lengths)))
-    return chunks

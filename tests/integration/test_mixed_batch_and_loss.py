@@ -24,7 +24,6 @@ from recipe.exgrpo.mixed_batch import (  # noqa: E402
     RATIO_KEY,
     build_candidate_batch,
     build_replay_members,
-    chunk_by_token_budget,
     generation_counts,
     mark_fresh,
 )
@@ -104,14 +103,11 @@ def test_replay_member_errors_are_clear():
         build_replay_members(gen, [np.array([5, 6])], [np.zeros(3, np.float32)], PAD)
 
 
-def test_candidate_batch_and_token_budget_chunks():
+def test_candidate_batch():
     cand = build_candidate_batch([np.array([5, 6, 7]), np.array([8])], [np.array([1, 2]), np.array([3, 4, 5])], PAD)
     assert cand.batch["input_ids"].tolist() == [[5, 6, 7, 1, 2, 0], [0, 0, 8, 3, 4, 5]]
     assert cand.batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
     assert cand.batch["position_ids"][1].tolist() == [0, 0, 0, 1, 2, 3]
-    chunks = chunk_by_token_budget([3, 3, 10, 2, 2, 2], budget=12)
-    assert [c.tolist() for c in chunks] == [[0, 1], [2], [3, 4, 5]]
-    assert sum(len(c) for c in chunk_by_token_budget(list(range(1, 40)), 50)) == 39
 
 
 def _micro_batch(seed=1, replay_rows=(1, 3), mixed=True):
