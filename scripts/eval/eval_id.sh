@@ -17,44 +17,13 @@
 #   REFERENCE    table1 (default), table5 or none: the paper's rows printed beside ours
 set -euo pipefail
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-if [[ -z "${MODEL_PATH:-}" ]]; then
-  echo "error: MODEL_PATH is not set; point it at a Hugging Face checkpoint directory, e.g." >&2
-  echo "  MODEL_PATH=/ckpts/exgrpo/global_step_500/actor/huggingface bash scripts/eval/eval_id.sh" >&2
-  exit 2
-fi
-if [[ ! -d "$MODEL_PATH" ]]; then
-  echo "error: MODEL_PATH=$MODEL_PATH is not a directory" >&2
-  exit 2
-fi
-if [[ -z "${DATA_DIR:-}" ]]; then
-  if [[ -d "$REPO_ROOT/../shared/data/benchmarks" ]]; then DATA_DIR="$REPO_ROOT/../shared/data/benchmarks"
-  else DATA_DIR="$REPO_ROOT/data/benchmarks"; fi
-fi
+# shellcheck source=scripts/eval/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+eval_require_model eval_id.sh
+DATA_DIR="$(eval_data_dir)"
 ID_FILE="${ID_FILE:-test_id.parquet}"
 if [[ ! -f "$DATA_DIR/$ID_FILE" ]]; then
   echo "error: $DATA_DIR/$ID_FILE not found; set DATA_DIR (and ID_FILE) to the benchmark parquets" >&2
   exit 2
 fi
-N_GPUS="${N_GPUS:-1}"
-BACKEND="${BACKEND:-vllm}"
-# <experiment>/<global_step_N> for verl checkpoints (.../global_step_N/actor/huggingface), else the directory name
-model_name() {
-  local p="${1%/}" b
-  while [[ "$(basename "$p")" =~ ^(huggingface|hf|actor)$ ]]; do p="$(dirname "$p")"; done
-  b="$(basename "$p")"
-  if [[ "$b" =~ ^(global_step_|checkpoint-|step_) ]]; then b="$(basename "$(dirname "$p")")/$b"; fi
-  echo "$b"
-}
-OUT_DIR="${OUT_DIR:-$REPO_ROOT/outputs/eval/$(model_name "$MODEL_PATH")/id}"
-if [[ "${THINK_GATE:-1}" == "1" ]]; then GATE=--think-gate; else GATE=--no-think-gate; fi
-PYTHON="${PYTHON:-python}"
-
-args=(run --model "$MODEL_PATH" --data "$DATA_DIR/$ID_FILE" --out "$OUT_DIR" --backend "$BACKEND"
-      --tensor-parallel-size "$N_GPUS" --temperature 0.6 --top-p 1.0 --max-new-tokens 8192
-      --seed "${SEED:-0}" "$GATE" --reference "${REFERENCE:-table1}")
-[[ -n "${LABEL:-}" ]] && args+=(--label "$LABEL")
-
-cd "$REPO_ROOT"
-echo "[eval_id] model=$MODEL_PATH data=$DATA_DIR/$ID_FILE out=$OUT_DIR backend=$BACKEND gpus=$N_GPUS" >&2
-exec "$PYTHON" -m exgrpo.eval "${args[@]}" "$@"
+eval_run id "$DATA_DIR/$ID_FILE" -- "$@"
