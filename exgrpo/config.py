@@ -30,6 +30,13 @@ TRAJECTORY_MODE_CHOICES = ("min", "max")
 SHAPING_CHOICES = ("policy_shaping", "none")
 FRESH_CLIP_CHOICES = ("released", "always")
 
+#: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
+REMOVED_KEYS = {
+    "entropy_token_budget": "the candidates are now scored inside verl's old-log-prob pass, which batches by "
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (dynamic batch size) or "
+    "log_prob_micro_batch_size_per_gpu; remove the key",
+}
+
 
 class ConfigError(ValueError):
     """A wrong ``exgrpo.*`` value or key; the message names the key and the allowed range."""
@@ -98,8 +105,6 @@ class ExGRPOConfig:
     trajectory_mode: str = "min"
     #: Optional cap on candidates scored per question (the newest ones are kept); None = all.
     max_candidates_per_question: int | None = None
-    #: Tokens per forward batch of the entropy pass over the candidates.
-    entropy_token_budget: int = 16384
     #: n of the token n-grams the 'diversity' metric compares.
     diversity_ngram: int = 4
 
@@ -139,6 +144,9 @@ class ExGRPOConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"exgrpo must be a mapping of keys to values, got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
+        removed = [f"exgrpo.{key} was removed: {REMOVED_KEYS[key]}" for key in d if key in REMOVED_KEYS]
+        if removed:
+            raise ConfigError("; ".join(removed))
         unknown = [str(key) for key in d if key not in names]
         if unknown:
             msgs = []
@@ -230,7 +238,6 @@ class ExGRPOConfig:
                 lo=1,
                 hint="null = score every stored trajectory",
             )
-        _check_int(self.entropy_token_budget, "entropy_token_budget", lo=1)
         _check_int(self.diversity_ngram, "diversity_ngram", lo=1)
 
         _check_choice(self.shaping, "shaping", SHAPING_CHOICES)

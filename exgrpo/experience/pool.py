@@ -555,12 +555,27 @@ class ExperiencePool:
             return []
         return [self._candidate(qid, s, copy) for s in self._slots_of[qi]]
 
-    def candidates(
-        self, question_ids: Iterable[QuestionId], *, max_per_question: int | None = None, copy: bool = True
-    ) -> list[list[Candidate]]:
-        """Per drawn question, its stored trajectories (the newest ``max_per_question`` when capped).
+    def lengths(self, qid: QuestionId) -> np.ndarray:
+        """Response lengths (tokens) of a question's stored trajectories, oldest first (empty when none)."""
+        qi = self._qindex.get(qid)
+        if qi is None:
+            return np.zeros(0, dtype=np.int32)
+        return self._cols["length"][np.asarray(self._slots_of[qi], dtype=np.int64)]
 
-        Raises KeyError for a question without stored trajectories (the sampler never draws one).
+    def candidates(
+        self,
+        question_ids: Iterable[QuestionId],
+        *,
+        max_per_question: int | None = None,
+        max_length: int | None = None,
+        copy: bool = True,
+    ) -> list[list[Candidate]]:
+        """Per drawn question, its stored trajectories, oldest first.
+
+        ``max_length``: leave out trajectories longer than this many tokens (e.g. a run resumed with a lower
+        response limit); a question may then get an empty list. ``max_per_question``: keep the newest ones
+        (after the length filter). Raises KeyError for a question without stored trajectories (the sampler
+        never draws one).
         """
         out = []
         for qid in question_ids:
@@ -568,6 +583,9 @@ class ExperiencePool:
             slots = self._slots_of[qi] if qi is not None else []
             if not slots:
                 raise KeyError(f"question {qid!r} has no stored trajectories in the experience pool")
+            if max_length is not None:
+                lengths = self._cols["length"]
+                slots = [s for s in slots if lengths[s] <= max_length]
             if max_per_question is not None:
                 slots = slots[-max_per_question:]
             out.append([self._candidate(qid, s, copy) for s in slots])

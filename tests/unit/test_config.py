@@ -85,7 +85,6 @@ def test_unknown_keys_are_named_with_suggestion(d, pattern):
         ({"bucket_rbound": 8}, "bucket_rbound", r"\[1, 7\]"),
         ({"bucket_lbound": 7}, "bucket_lbound", r"\[0, 6\]"),
         ({"max_entries_per_question": 0}, "max_entries_per_question", r"\[1, inf\)"),
-        ({"entropy_token_budget": 0}, "entropy_token_budget", r"\[1, inf\)"),
         ({"seed": -1}, "seed", r"\[0, inf\)"),
         ({"seed": 1.5}, "seed", r"\[0, inf\)"),
         ({"replay_ratio": float("nan")}, "replay_ratio", r"\[0\.0, 1\.0\)"),
@@ -95,6 +94,11 @@ def test_unknown_keys_are_named_with_suggestion(d, pattern):
 def test_ranges_name_the_key_and_range(d, key, rng):
     with pytest.raises(ConfigError, match=rf"exgrpo\.{key} must be .*{rng}"):
         ExGRPOConfig.from_dict(d, k=8)
+
+
+def test_a_removed_key_says_what_replaced_it():
+    with pytest.raises(ConfigError, match=r"exgrpo\.entropy_token_budget was removed: .*old-log-prob pass"):
+        ExGRPOConfig.from_dict({"entropy_token_budget": 4096}, k=8)
 
 
 def test_bounds_must_be_ordered():
