@@ -26,6 +26,7 @@ from typing import Any
 
 from exgrpo.eval.generate import (
     BACKENDS,
+    TEMPLATES,
     EvalRow,
     GenerationBackend,
     GenerationStore,
@@ -42,7 +43,7 @@ from exgrpo.eval.generate import (
     plan_samples,
     read_generations,
 )
-from exgrpo.eval.grading import DEFAULT_GRADER, Grader, grade_records, summarize
+from exgrpo.eval.grading import DEFAULT_GRADER, DEFAULT_GRADING, GRADING_MODES, Grader, grade_records, summarize
 from exgrpo.eval.report import (
     REFERENCE_CHOICES,
     EvalResults,
@@ -78,7 +79,8 @@ class EvalConfig:
     max_questions_per_source: int | None = None
     max_rows: int | None = None
     grader: str = DEFAULT_GRADER
-    think_gate: bool = True
+    grading: str = DEFAULT_GRADING  # "paper" (final-evaluation rule) or "reward" (the training reward's rule)
+    think_gate: bool = True  # only with grading="reward"
     grader_timeout_s: float = 10.0
     reference: str = "table1"
     reference_file: str | None = None
@@ -89,6 +91,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.grading not in GRADING_MODES:
+            raise ValueError(f"grading must be one of {GRADING_MODES}, got {self.grading!r}")
         if self.reference not in REFERENCE_CHOICES:
             raise ValueError(f"reference must be one of {REFERENCE_CHOICES}, got {self.reference!r}")
         if not self.data:
@@ -234,7 +238,7 @@ def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[st
 def score(cfg: EvalConfig, grader: Grader | None = None, *, allow_partial: bool = False) -> EvalResults:
     """Grade the planned generations of every data file and summarise them per benchmark."""
     if grader is None:
-        grader = Grader(cfg.grader, think_gate=cfg.think_gate, timeout_s=cfg.grader_timeout_s)
+        grader = Grader(cfg.grader, think_gate=cfg.think_gate, timeout_s=cfg.grader_timeout_s, grading=cfg.grading)
     graded_all = []
     data_meta = []
     for data in cfg.data:
@@ -305,10 +309,21 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
         p.add_argument("--data", nargs="+", required=True, help="benchmark parquet file(s) in verl format")
         p.add_argument("--backend", choices=BACKENDS, default="vllm", help="vllm on GPUs (the paper's), hf on CPU")
         p.add_argument("--label", help="row name in the table (default: from the model path)")
-        p.add_argument("--template", choices=("chat", "plain"), default="chat", help="prompt template")
+        p.add_argument(
+            "--template",
+            choices=TEMPLATES,
+            default="chat",
+            help="chat: the model's own chat template (default); plain: contents joined; llama_base: the paper's "
+            "Llama-3.1-8B base prompt",
+        )
         sys_group = p.add_mutually_exclusive_group()
-        sys_group.add_argument("--system-prompt", help="replace the dataset's system prompt with this text")
-        sys_group.add_argument("--no-system-prompt", action="store_true", help="drop the dataset's system prompt")
+        sys_group.add_argument("--system-prompt", help="replace the dataset's system message with this text")
+        sys_group.add_argument(
+            "--no-system-prompt", action="store_true", help="drop the dataset's system message (the default)"
+        )
+        sys_group.add_argument(
+            "--keep-system-prompt", action="store_true", help="keep the dataset's system message (not the paper's)"
+        )
         p.add_argument("--temperature", type=float, default=0.6)
         p.add_argument("--top-p", type=float, default=1.0)
         p.add_argument("--max-new-tokens", type=int, default=8192)
@@ -333,11 +348,17 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
     if grading:
         p.add_argument("--grader", default=DEFAULT_GRADER, help="checker as module:function")
         p.add_argument(
+            "--grading",
+            choices=GRADING_MODES,
+            default=DEFAULT_GRADING,
+            help="paper (default): the last \\boxed{} after the first </think> (whole text without one), no box "
+            "= wrong; reward: the training reward's rule (think gate, unboxed answers accepted)",
+        )
+        p.add_argument(
             "--think-gate",
             action=argparse.BooleanOptionalAction,
             default=True,
-            help="count an answer only after a closing </think> (on for think-template models, off for "
-            "base/instruct models)",
+            help="with --grading reward: count an answer only after a closing </think>",
         )
         p.add_argument("--grader-timeout", type=float, default=10.0, help="seconds per answer")
         p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1", help="paper rows to print")
@@ -366,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(a: argparse.Namespace) -> EvalConfig:
-    system_prompt = "" if a.no_system_prompt else a.system_prompt
+    system_prompt = None if a.keep_system_prompt else "" if a.system_prompt is None else a.system_prompt
     return EvalConfig(
         model=a.model,
         data=list(a.data),
@@ -391,6 +412,7 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
         max_questions_per_source=a.max_questions_per_source,
         max_rows=a.max_rows,
         grader=getattr(a, "grader", DEFAULT_GRADER),
+        grading=getattr(a, "grading", DEFAULT_GRADING),
         think_gate=getattr(a, "think_gate", True),
         grader_timeout_s=getattr(a, "grader_timeout", 10.0),
         reference=getattr(a, "reference", "table1"),
@@ -424,7 +446,11 @@ def _main(a: argparse.Namespace) -> int:
         if not run_file.is_file():
             raise SystemExit(f"error: {run_file} not found; run 'generate' (or 'run') with --out {a.out} first")
         cfg = EvalConfig.from_dict(json.loads(run_file.read_text(encoding="utf-8"))["config"])
-        cfg.grader, cfg.think_gate, cfg.grader_timeout_s = a.grader, a.think_gate, a.grader_timeout
+        # The generations are read from, and everything is written into, --out: a copied output directory can
+        # be re-graded without touching the directory it was copied from (run.json still names that one).
+        cfg.out_dir = a.out
+        cfg.grader, cfg.grading = a.grader, a.grading
+        cfg.think_gate, cfg.grader_timeout_s = a.think_gate, a.grader_timeout
         cfg.reference, cfg.reference_file, cfg.plot = a.reference, a.reference_file, not a.no_plot
         cfg.progress = not a.no_progress
         results = score(cfg, allow_partial=a.allow_partial)

@@ -189,7 +189,7 @@ def _check_outputs(results, paths, out: pathlib.Path, expected_benchmarks: set[s
     meta = json.loads(paths["json"].read_text())["metadata"]
     assert meta["model"] and meta["backend"] == "hf"
     assert meta["template"]["kind"] == "chat" and meta["template"]["chat_template_sha"]
-    assert meta["grader"]["think_gate"] is False and meta["grader"]["spec"]
+    assert meta["grader"]["grading"] == "paper" and meta["grader"]["think_gate"] is None and meta["grader"]["spec"]
     assert meta["sampling"]["max_new_tokens"] == MAX_NEW_TOKENS and meta["seed"] == 1
     assert meta["versions"]["transformers"] and "vllm" in meta["versions"]
     for b, m in results.benchmarks.items():
@@ -246,7 +246,7 @@ def test_pipeline_on_generated_data_resumes_without_regenerating(tiny_model, gen
 def test_pipeline_on_a_slice_of_the_real_benchmarks(tiny_model, shared_benchmarks, tmp_path):
     data = [shared_benchmarks / "test_id.parquet", shared_benchmarks / "gpqa_diamond.parquet"]
     out = tmp_path / "eval"
-    # The dataset's long system prompt is dropped (--no-system-prompt) to keep the prompts short on CPU.
+    # The dataset's system prompt is dropped by default (the paper's evaluation), which also keeps prompts short.
     cfg = _config(
         tiny_model,
         data,
@@ -254,7 +254,6 @@ def test_pipeline_on_a_slice_of_the_real_benchmarks(tiny_model, shared_benchmark
         batch_size=32,
         max_questions_per_source=1,
         think_gate=False,
-        prompt_format=PromptFormat(system_prompt=""),
     )
     results, paths = evaluate(cfg, grader=_grader(think_gate=False))
     assert results.metadata["template"]["system_prompt_mode"] == "none"
@@ -284,7 +283,8 @@ def test_command_line_run_and_report(tiny_model, generated_data, tmp_path):
     assert results["benchmarks"]["gpqa"]["samples_per_question"] == 2
     assert results["metadata"]["grader"] == {
         "spec": "stubgrader:score",
-        "think_gate": False,
+        "grading": "paper",
+        "think_gate": None,
         "timeout_s": 10.0,
         "math_verify": results["metadata"]["versions"]["math-verify"],
     }
@@ -359,8 +359,10 @@ def test_prompt_format_system_prompt_modes(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     msgs = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "Q?"}]
-    kept = PromptFormat().render(tok, msgs)
-    assert "SYS" in kept and kept.rstrip().endswith("assistant")
-    assert "SYS" not in PromptFormat(system_prompt="").render(tok, msgs)
+    dropped = PromptFormat().render(tok, msgs)  # the default: the dataset's system message is dropped
+    assert "SYS" not in dropped and dropped.rstrip().endswith("assistant")
+    assert dropped == tok.apply_chat_template([msgs[1]], tokenize=False, add_generation_prompt=True)
+    assert "SYS" in PromptFormat(system_prompt=None).render(tok, msgs)  # --keep-system-prompt
     assert "NEW" in PromptFormat(system_prompt="NEW").render(tok, msgs)
-    assert PromptFormat(template="plain").render(tok, msgs) == "SYS\n\nQ?\n"
+    assert PromptFormat(template="plain", system_prompt=None).render(tok, msgs) == "SYS\n\nQ?\n"
+    assert PromptFormat(template="llama_base").render(tok, msgs) == "User: Q? Answer: Let's think step by step.\n"
