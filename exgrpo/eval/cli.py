@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -44,6 +45,16 @@ from exgrpo.eval.generate import (
     read_generations,
 )
 from exgrpo.eval.grading import DEFAULT_GRADER, DEFAULT_GRADING, GRADING_MODES, Grader, grade_records, summarize
+from exgrpo.eval.parallel import (
+    REPLICA_DIR,
+    ReplicaSpec,
+    merge_shards,
+    replica_devices,
+    run_replicas,
+    shard_path,
+    shard_paths,
+    shard_work,
+)
 from exgrpo.eval.report import (
     REFERENCE_CHOICES,
     EvalResults,
@@ -71,6 +82,7 @@ class EvalConfig:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     batch_size: int | None = None  # sequences per generation call; default per backend
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # engine replicas, one process each on its own GPUs (exgrpo.eval.parallel)
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     dtype: str = "auto"
@@ -91,6 +103,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size and data_parallel_size must be >= 1, got {self.tensor_parallel_size}, "
+                f"{self.data_parallel_size}"
+            )
         if self.grading not in GRADING_MODES:
             raise ValueError(f"grading must be one of {GRADING_MODES}, got {self.grading!r}")
         if self.reference not in REFERENCE_CHOICES:
@@ -151,27 +168,32 @@ def _run_file(cfg: EvalConfig) -> pathlib.Path:
 
 
 def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[str, int]:
-    """Generate every missing (row, sample) of every data file; returns new samples per file."""
+    """Generate every missing (row, sample) of every data file; returns new samples per file.
+
+    With ``data_parallel_size`` > 1 (and no ``backend`` given) the work is split over that many engine replicas,
+    one process each on its own GPUs (``exgrpo.eval.parallel``)."""
     rows = {data: cfg.load_rows(data) for data in cfg.data}  # bad files or filters stop here, before anything
     cfg.out.mkdir(parents=True, exist_ok=True)
-    stores = {}
+    stores, fingerprints = {}, {}
     for data in cfg.data:  # open every store before the model loads: a settings mismatch stops early
-        fp = generation_fingerprint(
+        fingerprints[data] = generation_fingerprint(
             model=cfg.model, backend=cfg.backend, data=data, prompt_format=cfg.prompt_format, sampling=cfg.sampling
         )
-        stores[data] = GenerationStore.open(cfg.generation_path(data), fp, overwrite=cfg.overwrite)
-    pending = {
-        data: sum(
-            1
-            for r in rows[data]
-            for s in range(plan_samples(rows[data], cfg.sampling.n_samples)[r.row])
-            if (r.row, s) not in stores[data].records
-        )
-        for data in cfg.data
-    }
+        stores[data] = GenerationStore.open(cfg.generation_path(data), fingerprints[data], overwrite=cfg.overwrite)
+        if cfg.overwrite:
+            for shard in shard_paths(stores[data].path):
+                shard.unlink()
+        merge_shards(stores[data])  # what replicas of an interrupted run left behind
+    before = {data: len(stores[data].records) for data in cfg.data}
+    pending = {data: _missing(rows[data], stores[data], cfg.sampling) for data in cfg.data}
     meta = _run_metadata(cfg, backend=None)
+    replicas = backend is None and cfg.data_parallel_size > 1
     if any(pending.values()):
-        if backend is None:
+        if replicas:
+            from transformers import AutoTokenizer  # the parent needs the template's hash only, not the model
+
+            meta = _run_metadata(cfg, backend=_TokenizerOnly(AutoTokenizer.from_pretrained(cfg.model)))
+        elif backend is None:
             backend = build_backend(
                 cfg.backend,
                 cfg.model,
@@ -182,8 +204,13 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 max_model_len=cfg.max_model_len,
             )
-        meta = _run_metadata(cfg, backend=backend)
+            meta = _run_metadata(cfg, backend=backend)
+        else:
+            meta = _run_metadata(cfg, backend=backend)
     _run_file(cfg).write_text(json.dumps({"config": cfg.to_dict(), "metadata": meta}, indent=2), encoding="utf-8")
+    if replicas and any(pending.values()):
+        _generate_with_replicas(cfg, pending, stores, fingerprints)
+        return {data: len(stores[data].records) - before[data] for data in cfg.data}
     generated = {}
     for data in cfg.data:
         if not pending[data]:
@@ -202,6 +229,48 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
     return generated
 
 
+@dataclass
+class _TokenizerOnly:
+    tokenizer: Any
+
+
+def _missing(rows: list[EvalRow], store: GenerationStore, sampling: SamplingSettings) -> dict[int, list[int]]:
+    """``{row: [sample, ...]}`` of the planned samples ``store`` does not hold."""
+    plan = plan_samples(rows, sampling.n_samples)
+    out = {r.row: [s for s in range(plan[r.row]) if (r.row, s) not in store.records] for r in rows}
+    return {r: s for r, s in out.items() if s}
+
+
+def _generate_with_replicas(
+    cfg: EvalConfig,
+    pending: dict[str, dict[int, list[int]]],
+    stores: dict[str, GenerationStore],
+    fingerprints: dict[str, dict[str, Any]],
+) -> None:
+    # One GPU per HF replica; a vLLM replica spans tensor_parallel_size GPUs.
+    tp = cfg.tensor_parallel_size if cfg.backend == "vllm" else 1
+    devices = replica_devices(cfg.data_parallel_size, tp, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    work_dir = cfg.out / REPLICA_DIR
+    specs = [
+        ReplicaSpec(
+            index=i,
+            config=cfg.to_dict(),
+            work=shard,
+            shards={d: str(shard_path(cfg.generation_path(d), i)) for d in shard},
+            fingerprints={d: fingerprints[d] for d in shard},
+            status_file=str(work_dir / f"replica{i}.status.json"),
+        )
+        for i, shard in enumerate(shard_work(pending, cfg.data_parallel_size))
+        if shard
+    ]
+    total = sum(len(s) for rows in pending.values() for s in rows.values())
+    try:
+        run_replicas(specs, devices, work_dir, total=total, progress=cfg.progress)
+    finally:
+        for store in stores.values():  # what every replica finished, also after a failure or an interruption
+            merge_shards(store)
+
+
 def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[str, Any]:
     """What the results must carry (ALGORITHM.md §12: vLLM version, template and grader change scores)."""
     old = {}
@@ -216,6 +285,7 @@ def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[st
         "model": cfg.model,
         "backend": cfg.backend,
         "tensor_parallel_size": cfg.tensor_parallel_size if cfg.backend == "vllm" else None,
+        "data_parallel_size": cfg.data_parallel_size,
         "template": {
             "kind": cfg.prompt_format.template,
             "chat_template_sha": sha,
@@ -337,6 +407,13 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--batch-size", type=int, help="sequences per generation call (default: hf 8, vllm 2048)")
         p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM tensor parallel size (GPUs)")
+        p.add_argument(
+            "--data-parallel-size",
+            type=int,
+            default=1,
+            help="engine replicas, one process each on tensor-parallel-size GPUs of CUDA_VISIBLE_DEVICES "
+            "(all GPUs used: GPUs / tensor parallel size)",
+        )
         p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM")
         p.add_argument("--max-model-len", type=int, help="vLLM context length (default: the model's)")
         p.add_argument("--dtype", default="auto", help="model dtype (auto: bf16 on GPU, fp32 on CPU for hf)")
@@ -404,6 +481,7 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
         ),
         batch_size=a.batch_size,
         tensor_parallel_size=a.tensor_parallel_size,
+        data_parallel_size=a.data_parallel_size,
         gpu_memory_utilization=a.gpu_memory_utilization,
         max_model_len=a.max_model_len,
         dtype=a.dtype,

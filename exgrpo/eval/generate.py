@@ -548,18 +548,23 @@ def generate_to_jsonl(
     progress: bool = True,
     desc: str | None = None,
     on_batch: Callable[[int], None] | None = None,
+    samples: Mapping[int, Sequence[int]] | None = None,
 ) -> int:
     """Generate every planned ``(row, sample)`` missing from ``store``; return how many samples were generated.
 
     ``batch_size`` counts sequences (a row with n samples counts n). Each batch is appended and flushed before
-    the next starts, so an interruption loses at most one batch.
+    the next starts, so an interruption loses at most one batch. ``samples`` (``{row: [sample, ...]}``) gives
+    the samples to draw instead of the plan of ``rows``: a data-parallel replica gets its share this way, since
+    the plan of a subset of a question's repeated rows is not the plan of the whole file.
     """
     from tqdm.auto import tqdm
 
-    plan = plan_samples(rows, sampling.n_samples)
+    if samples is None:
+        plan = plan_samples(rows, sampling.n_samples)
+        samples = {r.row: range(plan[r.row]) for r in rows}
     todo: OrderedDict[int, list[int]] = OrderedDict()
     for r in rows:
-        missing = [s for s in range(plan[r.row]) if (r.row, s) not in store.records]
+        missing = [s for s in samples.get(r.row, ()) if (r.row, s) not in store.records]
         if missing:
             todo[r.row] = missing
     total = sum(len(v) for v in todo.values())
