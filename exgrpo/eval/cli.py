@@ -189,6 +189,8 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
     meta = _run_metadata(cfg, backend=None)
     replicas = backend is None and cfg.data_parallel_size > 1
     if any(pending.values()):
+        if backend is None:
+            check_model_dir(cfg.model)
         if replicas:
             from transformers import AutoTokenizer  # the parent needs the template's hash only, not the model
 
@@ -227,6 +229,31 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
             desc=f"generate {pathlib.Path(data).stem}",
         )
     return generated
+
+
+MERGE_COMMAND = (
+    "python -m verl.model_merger merge --backend fsdp --local_dir {actor} --target_dir {actor_parent}/merged_hf"
+)
+
+
+def check_model_dir(model: str) -> None:
+    """A local model directory must hold weights. verl's ``global_step_N/actor/huggingface`` holds only the config
+    and tokenizer with the default checkpoint contents: say how to merge the FSDP shards instead of failing deep in
+    the engine."""
+    path = pathlib.Path(model)
+    if not path.is_dir():
+        return  # a Hub id, or a path the backend reports itself
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return
+    message = f"{model} holds no model weights (*.safetensors / *.bin)"
+    actor = path.parent if path.name == "huggingface" else path
+    if actor.name == "actor":
+        message += (
+            ": it is a verl checkpoint folder, whose weights are FSDP shards; merge them first with\n  "
+            + MERGE_COMMAND.format(actor=actor, actor_parent=actor.parent)
+            + f"\nand evaluate {actor.parent / 'merged_hf'}"
+        )
+    raise FileNotFoundError(message)
 
 
 @dataclass

@@ -414,8 +414,21 @@ def test_a_failed_replica_is_reported_with_its_log(tiny_model, generated_data, t
 
     from exgrpo.eval.parallel import ReplicaError
 
-    broken = tmp_path / "no_weights"
-    shutil.copytree(tiny_model, broken, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    broken = tmp_path / "bad_weights"
+    shutil.copytree(tiny_model, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
     cfg = _config(broken, [generated_data / "gpqa_small.parquet"], tmp_path / "dp", data_parallel_size=2)
-    with pytest.raises(ReplicaError, match=r"(?s)2 of 2 replicas failed.*replica0\.log.*no file named model"):
+    with pytest.raises(ReplicaError, match=r"(?s)2 of 2 replicas failed.*replica0\.log.*Error"):
         generate(cfg)
+
+
+def test_a_checkpoint_folder_without_weights_gets_the_merge_command(generated_data, tmp_path):
+    hf = tmp_path / "exp" / "global_step_50" / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    cfg = _config(hf, [generated_data / "gpqa_small.parquet"], tmp_path / "out")
+    with pytest.raises(FileNotFoundError) as err:
+        generate(cfg)
+    actor = hf.parent
+    assert f"--local_dir {actor} --target_dir {actor.parent}/merged_hf" in str(err.value)
