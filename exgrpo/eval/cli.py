@@ -124,11 +124,11 @@ class EvalConfig:
         return pathlib.Path(self.out_dir)
 
     def resolved_label(self) -> str:
-        """``label``, else from the model path: ``exp/global_step_500/actor/huggingface`` -> ``exp/global_step_500``."""
+        """``label``, else from the model path: ``exp/global_step_500/merged_hf`` -> ``exp/global_step_500``."""
         if self.label:
             return self.label
         parts = [p for p in pathlib.Path(self.model.rstrip("/")).parts if p not in ("/", "")]
-        while len(parts) > 1 and parts[-1] in ("huggingface", "hf", "actor"):
+        while len(parts) > 1 and parts[-1] in ("huggingface", "hf", "merged_hf", "actor"):
             parts.pop()
         if not parts:
             return self.model

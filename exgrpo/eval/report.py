@@ -334,12 +334,18 @@ def _metadata_lines(meta: Mapping[str, Any]) -> list[str]:
     sampling = meta.get("sampling", {})
     versions = meta.get("versions", {})
     data = ", ".join(pathlib.Path(d.get("path", "?")).name for d in meta.get("data", []))
+    engines = ""
+    if meta.get("data_parallel_size", 1) and meta.get("data_parallel_size", 1) > 1:
+        engines = f" · {meta['data_parallel_size']} replicas"
+    if meta.get("tensor_parallel_size"):
+        engines += f" · tensor parallel {meta['tensor_parallel_size']}"
+    rule = grader.get("grading") or "reward"  # results written before the paper rule existed used the reward's
+    gate = f" (think gate: {grader.get('think_gate')})" if rule == "reward" else ""
     return [
-        f"- model: `{meta.get('model')}` · backend: {meta.get('backend')} · data: {data or '—'}",
+        f"- model: `{meta.get('model')}` · backend: {meta.get('backend')}{engines} · data: {data or '—'}",
         f"- template: {tpl.get('kind')} (chat template sha {tpl.get('chat_template_sha')}) · system prompt: "
         f"{tpl.get('system_prompt_mode')}",
-        f"- grader: `{grader.get('spec')}` · think gate: {grader.get('think_gate')} · math-verify "
-        f"{grader.get('math_verify')}",
+        f"- grader: `{grader.get('spec')}` · grading: {rule}{gate} · math-verify {grader.get('math_verify')}",
         f"- sampling: T={sampling.get('temperature')} · top-p={sampling.get('top_p')} · max new tokens "
         f"{sampling.get('max_new_tokens')} · samples/row {sampling.get('n_samples') or 'protocol'} · seed "
         f"{sampling.get('seed')}",
@@ -494,11 +500,11 @@ def plot_bar_chart(
         ax.set_yticks(range(0, 101, 20))
         ax.tick_params(axis="y", labelsize=7)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle(title or DEFAULT_TITLE, fontsize=10)
+    fig.suptitle(title or DEFAULT_TITLE, fontsize=10, y=1 - 0.1 / fig_h, va="top")
     bottom = (0.12 + 0.22 * len(notes)) / fig_h
     for i, note in enumerate(notes):
         fig.text(0.01, bottom - (0.1 + 0.22 * (i + 1)) / fig_h, note, fontsize=7, ha="left")
-    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / fig_h))
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.4 / fig_h))
     path = pathlib.Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -237,3 +237,12 @@ def test_score_in_python_uses_the_config_directory(tmp_path):
     results = score(cfg)
     assert results.benchmarks["math"].score == pytest.approx(100.0)
     assert results.metadata["grader"]["grading"] == "paper"
+
+
+def test_default_label_of_a_merged_checkpoint():
+    def label(model):
+        return EvalConfig(model=model, data=["d.parquet"], out_dir="o").resolved_label()
+
+    assert label("/ckpt/exgrpo_7b/global_step_700/merged_hf") == "exgrpo_7b/global_step_700"
+    assert label("/ckpt/exgrpo_7b/global_step_700/actor/huggingface") == "exgrpo_7b/global_step_700"
+    assert label("/models/Qwen2.5-Math-7B") == "Qwen2.5-Math-7B"
