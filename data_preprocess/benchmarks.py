@@ -16,8 +16,12 @@ validation set), ``--repeat-benchmarks`` changes which benchmarks ``--repeat K``
 Rows whose ground truth is empty, or that the reward cannot match to itself (math) or that name no listed
 option (multiple choice), are dropped and counted; a question occurring twice in one benchmark is an error.
 
-    python -m data_preprocess.benchmarks --output-dir data/eval --repeat 32 --combined test.parquet
-    python -m data_preprocess.benchmarks --output-dir data/eval --benchmarks math500 --input math500=MATH-500.jsonl
+    python -m data_preprocess.benchmarks --output-dir data/benchmarks --repeat 32 --combined test_id.parquet \
+        --benchmarks aime24,aime25,amc,math500,minerva,olympiad_bench
+    python -m data_preprocess.benchmarks --output-dir data/benchmarks --benchmarks math500 \
+        --input math500=MATH-500.jsonl
+
+(scripts/prepare_data.sh writes every file the scripts read, at their default paths.)
 """
 
 from __future__ import annotations
