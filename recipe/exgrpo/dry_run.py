@@ -14,7 +14,10 @@ every check that needs neither GPUs, Ray, a model nor the data:
 5. what verl only checks after Ray has started: the rollout and algorithm dataclasses, the custom reward function
    and dataset class can be loaded, ``reward_kwargs`` are parameters of the recipe's reward, the GPUs split into
    whole vLLM replicas, the dynamic-batch token budgets hold one full sequence, every interpolation resolves;
-6. with ``--check-paths``: the model directory and the data files exist.
+6. what verl skips with dynamic batch size on: a step's B x K responses and a mini-batch's responses split evenly
+   over the data-parallel ranks;
+7. with ``--check-paths``: the model directory and the data files exist, and the data's prompts suit the chat
+   template (the Llama-3.1-8B base prompt with the verbatim template, chat rows otherwise).
 
 All problems found are reported together, each naming its key. Exit status: 0 valid, 1 invalid, 2 bad usage.
 The launch scripts under ``scripts/train`` call this with ``DRY_RUN=1`` (see docs/launch_scripts.md).
