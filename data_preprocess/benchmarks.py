@@ -16,8 +16,12 @@ validation set), ``--repeat-benchmarks`` changes which benchmarks ``--repeat K``
 Rows whose ground truth is empty, or that the reward cannot match to itself (math) or that name no listed
 option (multiple choice), are dropped and counted; a question occurring twice in one benchmark is an error.
 
-    python -m data_preprocess.benchmarks --output-dir data/eval --repeat 32 --combined test.parquet
-    python -m data_preprocess.benchmarks --output-dir data/eval --benchmarks math500 --input math500=MATH-500.jsonl
+    python -m data_preprocess.benchmarks --output-dir data/benchmarks --repeat 32 --combined test_id.parquet \
+        --benchmarks aime24,aime25,amc,math500,minerva,olympiad_bench
+    python -m data_preprocess.benchmarks --output-dir data/benchmarks --benchmarks math500 \
+        --input math500=MATH-500.jsonl
+
+(scripts/prepare_data.sh writes every file the scripts read, at their default paths.)
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_preprocess.common import (
+    PROMPT_STYLE_HELP,
+    PROMPT_STYLES,
     PreprocessError,
     Report,
     build_prompt,
@@ -296,6 +302,7 @@ def build_benchmark(
     seed: int,
     check_gt: bool,
     progress: bool,
+    prompt_style: str = "chat",
 ) -> tuple[list[dict[str, Any]], Report]:
     rows, columns, source = load_benchmark(bench, local_path)
     report = Report(f"{bench.name} <- {source}")
@@ -311,7 +318,7 @@ def build_benchmark(
     for index, (item, qid) in enumerate(
         tqdm(list(zip(items, ids, strict=True)), desc=bench.name, disable=not progress)
     ):
-        prompt = build_prompt(item.user, system_prompt)
+        prompt = build_prompt(item.user, system_prompt, prompt_style)
         for sample in range(repeat):
             out.append(
                 verl_row(
@@ -339,7 +346,7 @@ def run(args: argparse.Namespace) -> list[Report]:
     repeat_set = [n.strip() for n in args.repeat_benchmarks.split(",")] if args.repeat_benchmarks else []
     repeats = parse_repeat(args.repeat, repeat_set)
     inputs = parse_inputs(args.input)
-    system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file)
+    system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
     out_dir = Path(args.output_dir)
     reports, combined = [], []
     for name in names:
@@ -351,6 +358,7 @@ def run(args: argparse.Namespace) -> list[Report]:
             args.seed,
             not args.skip_gt_check,
             progress,
+            args.prompt_style,
         )
         if not rows:
             raise PreprocessError(f"{name}: no rows left\n{report.format()}")
@@ -379,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"benchmarks that --repeat K applies to (default {','.join(AVG_AT_K_DEFAULT)})",
     )
     p.add_argument("--combined", help="also write all selected benchmarks into this file (name in --output-dir)")
-    p.add_argument("--system-prompt", default="luffy", help="luffy (released instruction, default) or none")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat", help=PROMPT_STYLE_HELP)
+    p.add_argument("--system-prompt", help="luffy (released instruction, default) or none")
     p.add_argument("--system-prompt-file", help="use this file's text as the system instruction instead")
     p.add_argument("--seed", type=int, default=0, help="GPQA option shuffle seed (raw GPQA rows only)")
     p.add_argument("--skip-gt-check", action="store_true", help="keep ground truths the reward cannot match")

@@ -27,6 +27,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exgrpo.prompts import PROMPT_STYLES, llama_base_prompt
+
 # The system instruction of the released LUFFY / ExGRPO setup (ALGORITHM.md §10: the think template): the
 # exact text of every row of ../shared/data/benchmarks, which are the released evaluation files, and of the
 # system message of the released training set Elliott/Openr1-Math-46k-8192 (LUFFY's prompt, which ExGRPO
@@ -42,6 +44,10 @@ LUFFY_SYSTEM_PROMPT = (
     "multiple choices or mathematical solutions."
 )
 SYSTEM_PROMPTS: dict[str, str | None] = {"luffy": LUFFY_SYSTEM_PROMPT, "none": None}
+PROMPT_STYLE_HELP = (
+    "chat (default): system instruction + question, rendered by the model's chat template; llama_base: the paper's "
+    "Llama-3.1-8B base prompt 'User: {question} Answer: Let's think step by step.\\n', no system prompt"
+)
 
 ABILITY = "math"
 REWARD_STYLE = "rule"
@@ -93,8 +99,19 @@ def question_id(text: str) -> str:
     return hashlib.sha1(normalize_question(text).encode("utf-8")).hexdigest()
 
 
-def system_prompt_from_args(name: str, path: str | None) -> str | None:
-    """``--system-prompt NAME`` or ``--system-prompt-file PATH`` (the file wins)."""
+def system_prompt_from_args(name: str | None, path: str | None, style: str = "chat") -> str | None:
+    """``--system-prompt NAME`` (default luffy) or ``--system-prompt-file PATH`` (the file wins); none under
+    ``--prompt-style llama_base``, whose setting has no system prompt."""
+    if style not in PROMPT_STYLES:
+        raise PreprocessError(f"--prompt-style must be one of {list(PROMPT_STYLES)}, got {style!r}")
+    if style == "llama_base":
+        if path or name not in (None, "none"):
+            raise PreprocessError(
+                "--prompt-style llama_base has no system prompt (the paper's Llama-3.1-8B base setting): drop "
+                "--system-prompt / --system-prompt-file"
+            )
+        return None
+    name = "luffy" if name is None else name
     if path:
         text = Path(path).read_text(encoding="utf-8")
         if not text.strip():
@@ -105,7 +122,11 @@ def system_prompt_from_args(name: str, path: str | None) -> str | None:
     return SYSTEM_PROMPTS[name]
 
 
-def build_prompt(user_content: str, system_prompt: str | None) -> list[dict[str, str]]:
+def build_prompt(user_content: str, system_prompt: str | None, style: str = "chat") -> list[dict[str, str]]:
+    """The row's messages: system instruction (if any) and the question (``chat``), or the one user message holding
+    the complete Llama-3.1-8B base prompt (``llama_base``, rendered verbatim by the launch script)."""
+    if style == "llama_base":
+        return [{"content": llama_base_prompt(user_content), "role": "user"}]
     messages = [] if system_prompt is None else [{"content": system_prompt, "role": "system"}]
     messages.append({"content": user_content, "role": "user"})
     return messages
@@ -276,18 +297,23 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def prompt_token_lengths(prompts: Sequence[list[dict[str, str]]], tokenizer: Any, progress: bool) -> list[int]:
-    """Tokens of each prompt as verl counts them (``RLHFDataset`` filter): the chat template with the
-    generation prompt, no extra special tokens. Tokenised in batches."""
+def prompt_token_lengths(
+    prompts: Sequence[list[dict[str, str]]], tokenizer: Any, progress: bool, chat_template: str | None = None
+) -> list[int]:
+    """Tokens of each prompt as verl counts them (``RLHFDataset`` filter): the chat template (``chat_template``
+    when given, as the launch script's ``custom_chat_template``; else the tokenizer's) with the generation prompt,
+    no extra special tokens. Tokenised in batches."""
     from tqdm.auto import tqdm
 
-    if getattr(tokenizer, "chat_template", None) is None:
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
         raise PreprocessError("the tokenizer has no chat template; verl applies one to every prompt")
     lengths: list[int] = []
     batch = 512
     for start in tqdm(range(0, len(prompts), batch), desc="prompt lengths", unit="batch", disable=not progress):
         texts = [
-            tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
+            tokenizer.apply_chat_template(
+                list(p), add_generation_prompt=True, tokenize=False, chat_template=chat_template
+            )
             for p in prompts[start : start + batch]
         ]
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]

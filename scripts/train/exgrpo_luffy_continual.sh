@@ -11,6 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 exgrpo_prepare \
   --experiment exgrpo_luffy_continual \
+  --think-template expected \
   --steps 500 \
   --rollout-tp 2 \
   --model-hint "point it at the LUFFY checkpoint to continue from (LUFFY-Qwen-Math-7B-Zero, a local Hugging Face \

@@ -11,6 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 exgrpo_prepare \
   --experiment exgrpo_qwen2.5_math_1.5b \
+  --think-template expected \
   --steps 500 \
   --rollout-tp 1 \
   --model-hint "point it at Qwen2.5-Math-1.5B with a context of at least 9216 tokens (the stock 4k model would \
