@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections import deque
 from functools import partial
@@ -74,6 +75,29 @@ def replay_group_metrics(batch: DataProto) -> dict[str, float]:
         "exgrpo/replay_group_size_min": float(min(sizes)) if sizes else 0.0,
         "exgrpo/replay_group_size_max": float(max(sizes)) if sizes else 0.0,
     }
+
+
+def prune_pools(checkpoint_dir: str, keep: int | None) -> list[str]:
+    """Remove the ``global_step_N/exgrpo`` pools of all but the newest ``keep`` checkpoints that hold one.
+
+    verl's retention (``trainer.max_actor_ckpt_to_keep``) deletes only the old ``global_step_N/actor`` folders;
+    the pools (up to a few GB each at the paper's scale) follow the same rule here. ``keep`` None or <= 0 keeps
+    every pool, as verl keeps every actor. Counted from the step numbers, not from which ``actor/`` folders
+    exist, so a driver that cannot see the workers' files never removes a pool it should keep.
+    """
+    if keep is None or int(keep) <= 0 or not os.path.isdir(checkpoint_dir):
+        return []
+    steps = []
+    for name in os.listdir(checkpoint_dir):
+        if name.startswith("global_step_") and name[len("global_step_") :].isdigit():
+            if os.path.isdir(os.path.join(checkpoint_dir, name, POOL_DIRNAME)):
+                steps.append(int(name[len("global_step_") :]))
+    removed = []
+    for step in sorted(steps)[: -int(keep)]:
+        path = os.path.join(checkpoint_dir, f"global_step_{step}", POOL_DIRNAME)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class RayExGRPOTrainer(RayPPOTrainer):
@@ -188,6 +212,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
             },
         )
         super()._save_checkpoint()
+        removed = prune_pools(self.config.trainer.default_local_dir, self.config.trainer.get("max_actor_ckpt_to_keep"))
+        if removed:
+            print(f"[exgrpo] removed the pools of older checkpoints (trainer.max_actor_ckpt_to_keep): {removed}")
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
