@@ -45,11 +45,11 @@ from recipe.exgrpo.mixed_batch import (
     BEHAVIOUR_LOG_PROBS_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,
-    RATIO_KEY,
     build_candidate_batch,
     build_replay_members,
     generation_counts,
     mark_fresh,
+    mark_replay_groups,
 )
 
 POOL_DIRNAME = "exgrpo"
@@ -377,7 +377,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 mixed = bool(self.exgrpo.enable and self.experience.mixed)
                 n_rows = len(batch)
                 batch.batch[MIXED_KEY] = torch.full((n_rows,), mixed, dtype=torch.bool)
-                batch.batch[RATIO_KEY] = torch.full((n_rows,), len(replay_qids) / self.questions_per_step)
+                # rows of replay groups + this step's scheduled ρ: the Eq. 4 term weights (exgrpo.weight_terms_by_ratio)
+                mark_replay_groups(batch, self.experience.schedule.replay_ratio(self.global_steps) if mixed else 0.0)
 
                 if self.config.trainer.balance_batch:
                     self._balance_batch(batch, metrics=metrics)

@@ -6,6 +6,8 @@ Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with
   trajectory, unlike the released code).
 - ``build_replay_members``: the replayed member of each replay group, made from a fresh member of the same
   group (same uid, prompt tokens and reward metadata) with the stored response ids and behaviour log-probs.
+- ``mark_replay_groups``: flags the rows of every replay group (the experience term of paper Eq. 4) and
+  records the step's ρ, for ``exgrpo.weight_terms_by_ratio``.
 - ``build_candidate_batch``: the rows of the entropy pass (batched by
   ``exgrpo.experience.selection.batch_by_token_budget``) that picks which stored
   trajectory a replayed question contributes.
@@ -20,11 +22,15 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
+from exgrpo.advantage import experience_group_rows
+
 IS_REPLAY_KEY = "exgrpo_is_replay"
 BEHAVIOUR_LOG_PROBS_KEY = "exgrpo_behaviour_log_probs"
 # per-row copies of step-wide values, so that every micro-batch of the actor update carries them
 MIXED_KEY = "exgrpo_mixed"
 RATIO_KEY = "exgrpo_replay_ratio"
+# the row's group (uid) holds a replayed member: the experience term of paper Eq. 4 (weight_terms_by_ratio)
+EXPERIENCE_GROUP_KEY = "exgrpo_experience_group"
 
 
 def generation_counts(num_fresh: int, num_replay: int, k: int) -> np.ndarray:
@@ -39,6 +45,23 @@ def mark_fresh(batch: DataProto) -> None:
     n, resp_len = batch.batch["responses"].shape
     batch.batch[IS_REPLAY_KEY] = torch.zeros(n, dtype=torch.bool)
     batch.batch[BEHAVIOUR_LOG_PROBS_KEY] = torch.zeros(n, resp_len, dtype=torch.float32)
+
+
+def mark_replay_groups(batch: DataProto, replay_ratio: float) -> None:
+    """Add the per-row fields of the explicit Eq. 4 term weights (``exgrpo.weight_terms_by_ratio``).
+
+    ``EXPERIENCE_GROUP_KEY``: True on every row whose group (same uid) holds a replayed member, i.e. the
+    replayed trajectory *and* its K−1 fresh siblings; ``RATIO_KEY``: ρ of this step (the scheduled ratio, 0
+    before mixed mode). Call it once the replayed members are appended; later row reordering (balance_batch)
+    keeps the flags aligned because they are per-row tensors.
+    """
+    if not 0.0 <= replay_ratio <= 1.0:
+        raise ValueError(f"replay_ratio must be in [0, 1], got {replay_ratio}")
+    n = len(batch)
+    is_replay = batch.batch[IS_REPLAY_KEY].bool().cpu().numpy()
+    rows = experience_group_rows(batch.non_tensor_batch["uid"], is_replay)
+    batch.batch[EXPERIENCE_GROUP_KEY] = torch.as_tensor(rows, dtype=torch.bool)
+    batch.batch[RATIO_KEY] = torch.full((n,), float(replay_ratio), dtype=torch.float32)
 
 
 def _right_pad(seqs: Sequence[np.ndarray], length: int, pad_value, dtype) -> torch.Tensor:
@@ -134,4 +157,3 @@ def build_candidate_batch(
         "position_ids": compute_position_id_with_mask(attention_mask),
     }
     return DataProto.from_single_dict(batch)
-
