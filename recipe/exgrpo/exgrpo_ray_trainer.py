@@ -38,6 +38,7 @@ from exgrpo.advantage import group_relative_advantages
 from exgrpo.experience.manager import ExperienceManager
 from exgrpo.experience.pool import GroupMember
 from exgrpo.experience.selection import batch_by_token_budget
+from exgrpo.fresh_prompts import FreshPromptFilter
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
@@ -90,6 +91,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         self.row_of_question = self.train_dataset.row_of()
         self.leftover_rows: deque[int] = deque()
         self.loader_epoch = 0
+        self.fresh_filter = FreshPromptFilter(immediate=self.exgrpo.retire_fresh_prompts)
         self._loader_iter = None
 
     # ------------------------------------------------------------------ start-up
@@ -123,6 +125,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
             except StopIteration:
                 self._loader_iter = None
                 self.loader_epoch += 1
+                self.fresh_filter.on_epoch_boundary(
+                    len(self.train_dataset), self.questions_per_step, self.experience.retired
+                )
         raise RuntimeError("the training data loader yields no batch: is data.train_files empty after filtering?")
 
     def _take_fresh_rows(self, n: int, exclude: set[str], metrics: dict) -> list[int]:
@@ -132,7 +137,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         rows, deferred, skipped_retired = [], [], 0
         chosen: set[str] = set()
         qids = self.train_dataset.question_ids
-        retired = self.experience.retired if self.exgrpo.retire_fresh_prompts else ()
+        retired = self.experience.retired
         guard = 0
         while len(rows) < n:
             if not self.leftover_rows:
@@ -145,7 +150,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                     )
             row = self.leftover_rows.popleft()
             qid = qids[row]
-            if qid in retired:
+            if self.fresh_filter.skips(qid, retired):
                 skipped_retired += 1
             elif qid in exclude or qid in chosen:
                 deferred.append(row)  # replayed this step (or a duplicate draw): keep it for a later step
@@ -154,6 +159,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 chosen.add(qid)
         self.leftover_rows.extendleft(reversed(deferred))
         metrics["exgrpo/fresh_skipped_retired"] = skipped_retired
+        metrics["exgrpo/fresh_removed_retired"] = self.fresh_filter.num_removed(retired)
         metrics["exgrpo/leftover_prompts"] = len(self.leftover_rows)
         return rows
 
@@ -200,6 +206,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 "leftover_rows": list(self.leftover_rows),
                 "loader_epoch": self.loader_epoch,
                 "global_steps": self.global_steps,
+                "fresh_filter": self.fresh_filter.state_dict(),
             },
         )
         super()._save_checkpoint()
@@ -232,6 +239,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         trainer_state = self.experience.load(pool_dir)
         self.leftover_rows = deque(int(r) for r in trainer_state.get("leftover_rows", []))
         self.loader_epoch = int(trainer_state.get("loader_epoch", 0))
+        self.fresh_filter.load_state_dict(trainer_state.get("fresh_filter"))
         print(
             f"[exgrpo] restored pool from {pool_dir}: {self.experience.summary()}; "
             f"{len(self.leftover_rows)} leftover prompts"

@@ -7,6 +7,8 @@ Each expectation is computed by hand in the test: the Eq. 4 term weights on whol
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -242,3 +244,70 @@ def test_per_rank_needs_the_constant_normaliser_mode():
     with pytest.raises(ConfigError, match="loss_scale_factor"):
         exgrpo_config_from_hydra(_hydra("per_rank", scale=None))
     assert exgrpo_config_from_hydra(_hydra("global", agg="token-mean", scale=None)).loss_scale == "global"
+
+
+# ------------------------------------------------------------------------------------------ item 3: fresh stream
+class _Questions:
+    """The two things the trainer's fresh-prompt code reads from ExGRPODataset."""
+
+    def __init__(self, n):
+        self.question_ids = [f"q{i}" for i in range(n)]
+
+    def __len__(self):
+        return len(self.question_ids)
+
+
+def _fresh_trainer(retire_fresh_prompts: bool, n=30, b=8):
+    """The trainer's real ``_next_loader_rows`` / ``_take_fresh_rows`` on an unshuffled 30-row loader, no Ray."""
+    from collections import deque
+
+    from exgrpo.config import ExGRPOConfig
+    from exgrpo.experience.manager import ExperienceManager
+    from exgrpo.fresh_prompts import FreshPromptFilter
+    from recipe.exgrpo.dataset import ROW_KEY
+    from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer
+
+    t = object.__new__(RayExGRPOTrainer)
+    t.exgrpo = ExGRPOConfig.from_dict({"retire_fresh_prompts": retire_fresh_prompts}, k=2)
+    t.experience = ExperienceManager(t.exgrpo)
+    t.train_dataset = _Questions(n)
+    t.train_dataloader = [{ROW_KEY: torch.arange(s, min(s + b, n))} for s in range(0, n, b)]  # 8, 8, 8, 6 rows
+    t.questions_per_step, t.leftover_rows, t.loader_epoch, t._loader_iter = b, deque(), 0, None
+    t.fresh_filter = FreshPromptFilter(immediate=t.exgrpo.retire_fresh_prompts)
+    return t
+
+
+@pytest.mark.parametrize("retire_fresh_prompts", [True, False])
+def test_retired_questions_leave_the_fresh_stream(retire_fresh_prompts):
+    t = _fresh_trainer(retire_fresh_prompts)
+    metrics = {}
+    assert t._take_fresh_rows(8, set(), metrics) == list(range(8))
+    for q in ("q10", "q11"):  # retired during step 1
+        t.experience.pool.retire(q, 1)
+    step2 = t._take_fresh_rows(8, set(), metrics)
+    if retire_fresh_prompts:  # OUR CHOICE: skipped from the next step
+        assert step2 == [8, 9, 12, 13, 14, 15, 16, 17] and metrics["exgrpo/fresh_skipped_retired"] == 2
+    else:  # released: still drawn until the epoch boundary
+        assert step2 == list(range(8, 16)) and metrics["exgrpo/fresh_skipped_retired"] == 0
+    # finish epoch 0, then epoch 1's first two batches
+    while t.loader_epoch == 0:
+        t._take_fresh_rows(8, set(), metrics)
+    epoch1 = t._take_fresh_rows(8, set(), metrics) + t._take_fresh_rows(8, set(), metrics)
+    assert 10 not in epoch1 and 11 not in epoch1  # 30 > B + 20 = 28: removed at the boundary (released)
+    assert metrics["exgrpo/fresh_removed_retired"] == (0 if retire_fresh_prompts else 2)
+    # the state that goes into the checkpoint's trainer_state restores the same stream
+    resumed = _fresh_trainer(retire_fresh_prompts)
+    resumed.fresh_filter.load_state_dict(json.loads(json.dumps(t.fresh_filter.state_dict())))
+    for q in ("q10", "q11"):
+        resumed.experience.pool.retire(q, 1)
+    assert 10 not in resumed._take_fresh_rows(16, set(), {})
+
+
+def test_released_mode_keeps_retired_questions_in_a_small_data_set():
+    t = _fresh_trainer(False, n=28)  # exactly B + 20 questions: nothing is ever removed
+    assert 3 in t._take_fresh_rows(8, set(), {})
+    t.experience.pool.retire("q3", 1)
+    later = []
+    while t.loader_epoch < 2:  # the rest of epoch 0 and all of epoch 1
+        later += t._take_fresh_rows(8, set(), {})
+    assert 3 in later  # drawn again in epoch 1 (in a larger data set it would be gone)
