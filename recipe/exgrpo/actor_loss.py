@@ -13,6 +13,7 @@ each rank's token sum / L_max (``rank-token-sum-norm``), with the entropy bonus 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from tensordict import TensorDict
@@ -42,6 +43,7 @@ class LossSettings:
     dual_clip: bool = False
     weight_terms_by_ratio: bool = False
     loss_scale: str = "global"
+    skip_grad_norm_above: float | None = None  # applied by the engine hook; the loss checks it is installed
 
 
 def loss_settings_from_config(cfg) -> LossSettings:
@@ -53,6 +55,7 @@ def loss_settings_from_config(cfg) -> LossSettings:
         dual_clip=bool(cfg.dual_clip),
         weight_terms_by_ratio=bool(cfg.weight_terms_by_ratio),
         loss_scale=cfg.loss_scale,
+        skip_grad_norm_above=None if cfg.skip_grad_norm_above is None else float(cfg.skip_grad_norm_above),
     )
 
 
@@ -68,6 +71,23 @@ def fresh_clip_on(fresh_clip: str, mixed: bool) -> bool:
     raise ValueError(f"exgrpo.fresh_clip must be released, always or never, got {fresh_clip!r}")
 
 
+ENGINES_MODULE = "recipe.exgrpo.engines"
+_HOOK_CHECKED: set[float] = set()
+
+
+def _check_grad_norm_hook(bound: float) -> None:
+    """Once per worker process: the engine hook of ``exgrpo.skip_grad_norm_above`` is installed."""
+    if bound in _HOOK_CHECKED:
+        return
+    # Look the hook up before importing the checker: it counts only if verl's import loaded it (this import,
+    # coming late, would wrap the engine registry after the engine was built).
+    modules = {ENGINES_MODULE: sys.modules.get(ENGINES_MODULE)}
+    from recipe.exgrpo.engines import check_installed
+
+    check_installed(bound, modules)
+    _HOOK_CHECKED.add(bound)
+
+
 def _kind_to_aggregation(kind: str, loss_aggregation: AggregationType) -> AggregationType:
     return {
         "loss": loss_aggregation,
@@ -79,6 +99,8 @@ def _kind_to_aggregation(kind: str, loss_aggregation: AggregationType) -> Aggreg
 
 def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, settings: LossSettings):
     """Drop-in replacement of verl 0.9.1's ``ppo_loss`` (workers/utils/losses.py) with the mixed objective."""
+    if settings.skip_grad_norm_above is not None:
+        _check_grad_norm_hook(settings.skip_grad_norm_above)
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     entropy = model_output.get("entropy", None)
     if entropy is not None:

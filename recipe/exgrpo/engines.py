@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 
 from verl.utils.metric import AggregationType, Metric
@@ -147,8 +148,31 @@ def install(model_type: str = "language_model", backends: tuple[str, ...] = FSDP
         for key, engine_cls in list(registry.get(backend, {}).items()):
             registry[backend][key] = with_grad_norm_skip(engine_cls)
             done.append(f"{backend}/{key}")
+    INSTALLED.extend(k for k in done if k not in INSTALLED)
     return done
 
 
+#: Registry keys wrapped in this process (empty: the hook is not installed here).
+INSTALLED: list[str] = []
+
+
+def check_installed(bound: float, modules=None) -> None:
+    """Raise unless this process loaded the hook with ``bound`` when verl was imported (before any engine was
+    built). The actor loss calls it in the worker, so a run whose workers missed the hook stops at the first
+    update instead of silently never skipping. It looks the hook up in ``modules`` (default ``sys.modules``):
+    importing this module now would wrap the registry after the engine exists and prove nothing."""
+    modules = sys.modules if modules is None else modules
+    hook = modules.get(MODULE)
+    if hook is not None and hook.INSTALLED and hook.bound_from_env() == bound:
+        return
+    raise RuntimeError(
+        f"exgrpo.skip_grad_norm_above={bound:g} but this verl worker has no skip hook ({SKIP_ENV}="
+        f"{os.environ.get(SKIP_ENV)!r}, {EXTERNAL_MODULES_ENV}={os.environ.get(EXTERNAL_MODULES_ENV)!r}): launch "
+        f"through recipe.exgrpo.main_exgrpo, which puts both into the Ray runtime_env, or set them for every Ray "
+        f"process ({EXTERNAL_MODULES_ENV} must name {MODULE})"
+    )
+
+
+# Imported through VERL_USE_EXTERNAL_MODULES by ``import verl``: wrap the engines before any is built.
 if bound_from_env() is not None:
     install()

@@ -57,13 +57,17 @@ def install_worker_env(config, skip_grad_norm_above: float | None) -> None:
     if not env:
         return
     with open_dict(config):
-        runtime_env = config.ray_kwargs.ray_init.setdefault("runtime_env", {})
-        env_vars = runtime_env.setdefault("env_vars", {})
-        if env_vars.get(EXTERNAL_MODULES_ENV):
-            env[EXTERNAL_MODULES_ENV] = worker_env(
-                skip_grad_norm_above, {EXTERNAL_MODULES_ENV: env_vars[EXTERNAL_MODULES_ENV]}
-            )[EXTERNAL_MODULES_ENV]
-        env_vars.update(env)
+        # (DictConfig.setdefault returns the detached default, so read and assign explicitly)
+        if config.ray_kwargs.ray_init.get("runtime_env") is None:
+            config.ray_kwargs.ray_init.runtime_env = {}
+        runtime_env = config.ray_kwargs.ray_init.runtime_env
+        if runtime_env.get("env_vars") is None:
+            runtime_env.env_vars = {}
+        user_modules = runtime_env.env_vars.get(EXTERNAL_MODULES_ENV)
+        if user_modules:
+            env.update(worker_env(skip_grad_norm_above, {EXTERNAL_MODULES_ENV: user_modules}))
+        for key, value in env.items():
+            runtime_env.env_vars[key] = value
 
 
 @ray.remote

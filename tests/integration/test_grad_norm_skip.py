@@ -113,6 +113,21 @@ def test_bound_and_worker_env():
     }
 
 
+def test_the_loss_refuses_to_train_without_the_hook(monkeypatch):
+    """A worker whose verl import did not load the hook stops at the first update with the fix in the message."""
+    with pytest.raises(RuntimeError, match="no skip hook.*VERL_USE_EXTERNAL_MODULES must name recipe.exgrpo.engines"):
+        engines.check_installed(500.0, {})  # not loaded at all
+    monkeypatch.setattr(engines, "INSTALLED", [])
+    with pytest.raises(RuntimeError, match="no skip hook"):
+        engines.check_installed(500.0, {engines.MODULE: engines})  # loaded, bound unset: nothing wrapped
+    monkeypatch.setattr(engines, "INSTALLED", ["fsdp2/cuda"])
+    monkeypatch.setenv(engines.SKIP_ENV, "400")
+    with pytest.raises(RuntimeError, match="no skip hook"):
+        engines.check_installed(500.0, {engines.MODULE: engines})  # another bound than the config's
+    monkeypatch.setenv(engines.SKIP_ENV, "500")
+    engines.check_installed(500.0, {engines.MODULE: engines})
+
+
 def test_main_puts_the_hook_into_the_ray_runtime_env():
     from omegaconf import OmegaConf
 
@@ -124,6 +139,12 @@ def test_main_puts_the_hook_into_the_ray_runtime_env():
     env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert env_vars.A == "1" and env_vars.EXGRPO_SKIP_GRAD_NORM_ABOVE == "500.0"
     assert env_vars.VERL_USE_EXTERNAL_MODULES.split(",")[-1] == "recipe.exgrpo.engines"
+    # verl's own config has runtime_env without env_vars (or no runtime_env at all)
+    for ray_init in ({"runtime_env": {"py_executable": None}}, {"num_cpus": None}):
+        config = OmegaConf.create({"ray_kwargs": {"ray_init": ray_init}})
+        OmegaConf.set_struct(config, True)
+        install_worker_env(config, 500.0)
+        assert config.ray_kwargs.ray_init.runtime_env.env_vars.EXGRPO_SKIP_GRAD_NORM_ABOVE == "500.0"
 
 
 FSDP2_SCRIPT = textwrap.dedent(
