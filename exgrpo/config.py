@@ -28,7 +28,8 @@ POOL_STORAGE_CHOICES = ("arena", "per_entry")
 RESUME_POOL_CHOICES = ("required", "empty")
 TRAJECTORY_MODE_CHOICES = ("min", "max")
 SHAPING_CHOICES = ("policy_shaping", "none")
-FRESH_CLIP_CHOICES = ("released", "always")
+FRESH_CLIP_CHOICES = ("released", "always", "never")
+LOSS_SCALE_CHOICES = ("global", "per_rank")
 
 #: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
 REMOVED_KEYS = {
@@ -74,7 +75,8 @@ class ExGRPOConfig:
     zero_success: str = "bucket0"
     #: 'start' (paper, OUR CHOICE: collect from step 1) or 'mixed' (released: only once mixed mode is on).
     collect_from: str = "start"
-    #: Stop drawing retired (K/K) questions as fresh prompts at once (OUR CHOICE) instead of at the next epoch.
+    #: Stop drawing retired (K/K) questions as fresh prompts at once (OUR CHOICE); false = released: they leave
+    #: the fresh prompt stream at the next epoch boundary, and only when the data set has > B + 20 questions.
     retire_fresh_prompts: bool = True
     #: Table 6 ablation "retired questions re-added": every `readd_retired_every` steps, this fraction of the
     #: retired questions (drawn at random) is un-retired and can be drawn as a fresh prompt again (0 = off).
@@ -115,10 +117,22 @@ class ExGRPOConfig:
     shaping_beta: float = 0.1
     #: Importance ratio of replayed tokens against the stored behaviour log-probs (True) or the recomputed ones.
     is_correction: bool = True
-    #: Fresh tokens: 'released' (unclipped in the mixed phase, PPO clip before) or 'always' (paper Eq. 4 clip).
+    #: Fresh tokens: 'released' (unclipped in the mixed phase, PPO clip before; the on-policy baseline never
+    #: switches, so it keeps the clip), 'always' (paper Eq. 4 clip) or 'never' (unclipped -A*w for the whole
+    #: run, the baseline included).
     fresh_clip: str = "released"
+    #: verl's dual clip (actor.clip_ratio_c, for A < 0) on PPO-clipped fresh tokens; the release has none.
+    dual_clip: bool = False
     #: Weight the on-policy and experience terms by (1-rho) and rho (paper Eq. 4); the release does not.
+    #: The experience term is every row of a replayed question's group (stored member + K-1 fresh siblings).
     weight_terms_by_ratio: bool = False
+    #: Loss scale: 'global' (verl's seq-mean-token-sum-norm: token sums / (L_max x rows of the global
+    #: mini-batch); OUR CHOICE) or 'per_rank' (released: each data-parallel rank's token sum / L_max, gradients
+    #: averaged over ranks, so the scale grows with the rows per rank). See docs/objective.md.
+    loss_scale: str = "global"
+    #: Skip the optimiser update when the gradient norm (before clipping) exceeds this; null = off (verl: only
+    #: non-finite norms are skipped). The release uses 500 (at its loss scale, see loss_scale).
+    skip_grad_norm_above: float | None = None
 
     # ----------------------------------------------------------------------------------------------- derived
     @property
@@ -244,7 +258,17 @@ class ExGRPOConfig:
         _check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)
         _check_bool(self.is_correction, "is_correction")
         _check_choice(self.fresh_clip, "fresh_clip", FRESH_CLIP_CHOICES)
+        _check_bool(self.dual_clip, "dual_clip")
         _check_bool(self.weight_terms_by_ratio, "weight_terms_by_ratio")
+        _check_choice(self.loss_scale, "loss_scale", LOSS_SCALE_CHOICES)
+        if self.skip_grad_norm_above is not None:
+            _check_float(
+                self.skip_grad_norm_above,
+                "skip_grad_norm_above",
+                lo=0.0,
+                lo_open=True,
+                hint="null = off; the release skips updates whose gradient norm exceeds 500",
+            )
         return self
 
 

@@ -107,7 +107,7 @@ class CollectStats:
 
     step: int
     groups: int = 0
-    skipped: bool = False  # collect_from='mixed' and mixed mode was off: nothing collected
+    skipped: bool = False  # collect_from='mixed' and mixed mode was off: only retirement, nothing stored
     retired: int = 0  # questions retired this call (k = K)
     ignored_retired: int = 0  # groups of already-retired questions (nothing done)
     zero_success: int = 0  # groups with k = 0
@@ -744,17 +744,17 @@ class ExperiencePool:
         * lbound < k <= rbound -> bucket_of = k and every correct fresh member not already stored is added;
         * otherwise nothing changes. Retired questions are ignored.
 
-        ``mixed`` is the delayed-start flag *of this step*; with ``collect_from='mixed'`` nothing (no
-        collection, no retirement) happens before mixed mode, as in the released code. The caps evict the
-        oldest entries after the groups are processed.
+        ``mixed`` is the delayed-start flag *of this step*. With ``collect_from='mixed'`` (the released code)
+        only retirement happens before mixed mode: K/K questions are retired from step 1, while storing
+        trajectories, bucket updates and the 0/K rule wait for the switch (``stats.skipped`` is then True).
+        The caps evict the oldest entries after the groups are processed.
         """
         groups = list(groups)
         stats = CollectStats(step=step, groups=len(groups))
         self.counters["collect_calls"] += 1
         self._last_step = step
-        if self.collect_from == "mixed" and not mixed:
-            stats.skipped = True
-            return stats
+        retire_only = self.collect_from == "mixed" and not mixed
+        stats.skipped = retire_only
         for g in groups:
             qid = g.question_id
             members = g.members
@@ -772,6 +772,8 @@ class ExperiencePool:
             if k_succ == len(counted):
                 self.retire(qid, step)
                 stats.retired += 1
+                continue
+            if retire_only:
                 continue
             if k_succ == 0:
                 stats.zero_success += 1

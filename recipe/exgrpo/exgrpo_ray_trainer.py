@@ -40,6 +40,7 @@ from verl.utils.metric import reduce_metrics
 from exgrpo.advantage import group_relative_advantages, token_level_advantages
 from exgrpo.experience.manager import ExperienceManager, ReplayPlan
 from exgrpo.experience.pool import GroupMember
+from exgrpo.fresh_prompts import FreshPromptFilter
 from exgrpo.schedule import batch_pass_rate
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
@@ -49,12 +50,12 @@ from recipe.exgrpo.mixed_batch import (
     CANDIDATE_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,
-    RATIO_KEY,
     append_candidates,
     candidate_token_stats,
     generation_counts,
     keep_selected,
     mark_fresh,
+    mark_replay_groups,
     selected_candidate_indices,
 )
 
@@ -121,6 +122,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         self.row_of_question = self.train_dataset.row_of()
         self.leftover_rows: deque[int] = deque()
         self.loader_epoch = 0
+        self.fresh_filter = FreshPromptFilter(immediate=self.exgrpo.retire_fresh_prompts)
         self._loader_iter = None
         self.actor_log_prob_calls = 0  # actor compute_log_prob calls, logged per step
 
@@ -164,6 +166,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
             except StopIteration:
                 self._loader_iter = None
                 self.loader_epoch += 1
+                self.fresh_filter.on_epoch_boundary(
+                    len(self.train_dataset), self.questions_per_step, self.experience.retired
+                )
         raise RuntimeError("the training data loader yields no batch: is data.train_files empty after filtering?")
 
     def _take_fresh_rows(self, n: int, exclude: set[str], metrics: dict) -> list[int]:
@@ -173,7 +178,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         rows, deferred, skipped_retired = [], [], 0
         chosen: set[str] = set()
         qids = self.train_dataset.question_ids
-        retired = self.experience.retired if self.exgrpo.retire_fresh_prompts else ()
+        retired = self.experience.retired
         guard = 0
         while len(rows) < n:
             if not self.leftover_rows:
@@ -186,7 +191,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                     )
             row = self.leftover_rows.popleft()
             qid = qids[row]
-            if qid in retired:
+            if self.fresh_filter.skips(qid, retired):
                 skipped_retired += 1
             elif qid in exclude or qid in chosen:
                 deferred.append(row)  # replayed this step (or a duplicate draw): keep it for a later step
@@ -195,6 +200,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 chosen.add(qid)
         self.leftover_rows.extendleft(reversed(deferred))
         metrics["exgrpo/fresh_skipped_retired"] = skipped_retired
+        metrics["exgrpo/fresh_removed_retired"] = self.fresh_filter.num_removed(retired)
         metrics["exgrpo/leftover_prompts"] = len(self.leftover_rows)
         return rows
 
@@ -209,6 +215,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 "leftover_rows": list(self.leftover_rows),
                 "loader_epoch": self.loader_epoch,
                 "global_steps": self.global_steps,
+                "fresh_filter": self.fresh_filter.state_dict(),
             },
         )
         super()._save_checkpoint()
@@ -244,6 +251,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         trainer_state = self.experience.load(pool_dir)
         self.leftover_rows = deque(int(r) for r in trainer_state.get("leftover_rows", []))
         self.loader_epoch = int(trainer_state.get("loader_epoch", 0))
+        self.fresh_filter.load_state_dict(trainer_state.get("fresh_filter"))
         print(
             f"[exgrpo] restored pool from {pool_dir}: {self.experience.summary()}; "
             f"{len(self.leftover_rows)} leftover prompts"
@@ -439,7 +447,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 self._trace(self._step_trace)
                 n_rows = len(batch)
                 batch.batch[MIXED_KEY] = torch.full((n_rows,), mixed, dtype=torch.bool)
-                batch.batch[RATIO_KEY] = torch.full((n_rows,), len(plan) / self.questions_per_step)
+                # rows of replay groups + this step's scheduled ρ: the Eq. 4 term weights (exgrpo.weight_terms_by_ratio)
+                mark_replay_groups(batch, self.experience.schedule.replay_ratio(self.global_steps) if mixed else 0.0)
 
                 if self.config.trainer.balance_batch:  # for the update (the pass balanced its own rows)
                     self._balance_batch(batch, metrics=metrics)

@@ -10,6 +10,8 @@ Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with
   generated rows, so that ONE old-log-prob pass gives both the old log-probs of the step and the per-token
   entropies that select the replayed trajectory (``candidate_token_stats``); ``keep_selected`` then drops the
   candidates that were not selected.
+- ``mark_replay_groups``: flags the rows of every replay group (the experience term of paper Eq. 4) and
+  records the step's ρ, for ``exgrpo.weight_terms_by_ratio``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
+from exgrpo.advantage import experience_group_rows
 from exgrpo.experience.pool import Candidate
 from exgrpo.experience.selection import CandidateTokenStats, SelectedTrajectory
 
@@ -31,6 +34,8 @@ BEHAVIOUR_LOG_PROBS_KEY = "exgrpo_behaviour_log_probs"
 # per-row copies of step-wide values, so that every micro-batch of the actor update carries them
 MIXED_KEY = "exgrpo_mixed"
 RATIO_KEY = "exgrpo_replay_ratio"
+# the row's group (uid) holds a replayed member: the experience term of paper Eq. 4 (weight_terms_by_ratio)
+EXPERIENCE_GROUP_KEY = "exgrpo_experience_group"
 
 
 def generation_counts(num_fresh: int, num_replay: int, k: int) -> np.ndarray:
@@ -45,6 +50,23 @@ def mark_fresh(batch: DataProto) -> None:
     n, resp_len = batch.batch["responses"].shape
     batch.batch[IS_REPLAY_KEY] = torch.zeros(n, dtype=torch.bool)
     batch.batch[BEHAVIOUR_LOG_PROBS_KEY] = torch.zeros(n, resp_len, dtype=torch.float32)
+
+
+def mark_replay_groups(batch: DataProto, replay_ratio: float) -> None:
+    """Add the per-row fields of the explicit Eq. 4 term weights (``exgrpo.weight_terms_by_ratio``).
+
+    ``EXPERIENCE_GROUP_KEY``: True on every row whose group (same uid) holds a replayed member, i.e. the
+    replayed trajectory *and* its K−1 fresh siblings; ``RATIO_KEY``: ρ of this step (the scheduled ratio, 0
+    before mixed mode). Call it once the replayed members are appended; later row reordering (balance_batch)
+    keeps the flags aligned because they are per-row tensors.
+    """
+    if not 0.0 <= replay_ratio <= 1.0:
+        raise ValueError(f"replay_ratio must be in [0, 1], got {replay_ratio}")
+    n = len(batch)
+    is_replay = batch.batch[IS_REPLAY_KEY].bool().cpu().numpy()
+    rows = experience_group_rows(batch.non_tensor_batch["uid"], is_replay)
+    batch.batch[EXPERIENCE_GROUP_KEY] = torch.as_tensor(rows, dtype=torch.bool)
+    batch.batch[RATIO_KEY] = torch.full((n,), float(replay_ratio), dtype=torch.float32)
 
 
 def _right_pad(seqs: Sequence[np.ndarray], length: int, pad_value, dtype) -> torch.Tensor:

@@ -210,7 +210,7 @@ def test_installed_loss_equals_the_exgrpo_objective(agg, mixed):
         log_prob, gen.batch["old_log_probs"], gen.batch[BEHAVIOUR_LOG_PROBS_KEY], gen.batch["advantages"],
         gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY], loss_agg_mode=agg, shaping="policy_shaping",
         shaping_beta=0.1, is_correction=True, fresh_clip=not mixed, clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=config.clip_ratio_c,
+        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=None,  # exgrpo.dual_clip is off by default (as released)
         loss_scale_factor=config.loss_scale_factor,
     )
     (grad_expected,) = torch.autograd.grad(expected, flat)
