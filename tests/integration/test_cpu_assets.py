@@ -83,7 +83,7 @@ def test_model_is_tiny_qwen2_with_sdpa(assets):
 
 def test_warmup_leaves_the_model_partially_solving_the_task(assets):
     report = assets.report
-    # the target of the warm-up (issue 4): a pass rate roughly between 20% and 70% at temperature 1.0
+    # the target of the warm-up: a pass rate roughly between 20% and 70% at temperature 1.0
     assert 0.15 <= report["pass_rate"] <= 0.8, report
     assert report["none_solved_fraction"] < 1.0 and report["all_solved_fraction"] < 1.0
     assert report["final_loss"] < report["first_loss"]

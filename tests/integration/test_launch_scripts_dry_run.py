@@ -489,7 +489,7 @@ def test_scripts_are_shellcheck_clean():
     assert proc.returncode == 0, proc.stdout
 
 
-# -------------------------------------------------------------------- checkpoints kept (issue 13, item 7)
+# -------------------------------------------------------------------- checkpoints kept
 def test_every_training_launch_keeps_the_last_two_checkpoints(launches):
     for name, runs in launches.items():
         for overrides in runs:
@@ -510,7 +510,7 @@ def test_a_bad_ckpt_keep_is_refused(tmp_path):
     assert proc.returncode == 2 and "CKPT_KEEP must be a positive integer" in proc.stderr
 
 
-# ---------------------------------------------------------------- Table 6 RePO row (issue 13, item 8)
+# ---------------------------------------------------------------- Table 6 RePO row
 def test_every_table_6_row_has_a_preset_or_says_why_not():
     """docs/launch_scripts.md's Table 6 list: each row names an existing preset, or says why it cannot be one."""
     doc = (REPO / "docs" / "launch_scripts.md").read_text(encoding="utf-8")
@@ -527,7 +527,7 @@ def test_every_table_6_row_has_a_preset_or_says_why_not():
     assert "### The RePO-setting row" in doc
 
 
-# ------------------------------------------------------------ batch split over the GPUs (issue 13, item 9)
+# ------------------------------------------------------------ batch split over the GPUs
 def test_a_gpu_count_that_does_not_split_the_batch_fails_the_dry_run():
     (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", N_GPUS_PER_NODE="6")
     with pytest.raises(DryRunError) as err:
@@ -549,7 +549,7 @@ def test_dry_run_mode_fails_on_six_gpus(tmp_path):
     assert proc.returncode == 1 and "do not split evenly over 6 data-parallel ranks" in proc.stderr
 
 
-# --------------------------------------------------------------------------- prompts (issue 13, item 10)
+# --------------------------------------------------------------------------- prompts
 def test_the_llama_base_run_renders_the_base_prompt_verbatim(reports):
     from exgrpo.prompts import RAW_CHAT_TEMPLATE
 
@@ -625,7 +625,7 @@ def test_a_launch_warns_when_the_think_template_is_missing(tmp_path):
     assert proc.returncode == 0 and "<think> block" not in proc.stderr
 
 
-# ------------------------------------------------------------------- data paths (issue 13, item 18)
+# ------------------------------------------------------------------- data paths
 def test_the_default_data_paths_are_the_ones_prepare_data_writes(tmp_path):
     proc = run_script(REPO / "scripts" / "prepare_data.sh", env=script_env(tmp_path, DRY_RUN="1"))
     assert proc.returncode == 0, proc.stderr
