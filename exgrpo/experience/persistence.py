@@ -79,7 +79,8 @@ class PoolCheckpointError(RuntimeError):
 
 def experience_exists(directory: str | os.PathLike[str]) -> bool:
     """Whether ``directory`` holds a saved experience state (its header is present), or an overwrite of it was
-    interrupted between its two renames and the previous copy waits under ``.NAME.old-*`` (which loads)."""
+    interrupted between its two renames and the previous copy waits under ``.NAME.old-*`` (where
+    :func:`load_experience` finds it). Presence only: the load verifies the files."""
     d = pathlib.Path(directory)
     return (d / HEADER).is_file() or (not d.exists() and any((o / HEADER).is_file() for o in _leftovers(d, "old")))
 
