@@ -11,8 +11,9 @@ stage counts against it: waiting for an idle worker (callers queue first-come fi
 starves while later ones are served; a worker still starting counts as queueing too), sending the request, and
 the check itself. The one exception is start-up: calls that arrive before the pool's first worker is ready wait
 for it (at most ``STARTUP_TIMEOUT_S``, once per pool; ``start()`` warms a pool ahead) without losing their
-time. A worker that overruns (or dies) is killed and a replacement is started at once in the background. Thread-safe. ``queue_s`` of every call and the pool's queue figures (``queue_stats()``) say how long
-callers waited for a worker: when they wait, the pool is smaller than the callers' concurrency.
+time. A worker that overruns (or dies) is killed and a replacement is started at once in the background.
+Thread-safe. ``queue_s`` of every call and the pool's queue figures (``queue_stats()``) say how long callers
+waited for a worker: when they wait, the pool is smaller than the callers' concurrency.
 
 Workers die with the process that started them, even when it is SIGKILLed: on Linux they ask the kernel for
 SIGKILL when their parent dies (``prctl(PR_SET_PDEATHSIG)``), and everywhere a watchdog thread exits when the
