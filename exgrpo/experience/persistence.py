@@ -2,17 +2,17 @@
 
 Layout of a saved directory (e.g. ``global_step_N/exgrpo/pool/`` next to verl's own checkpoint)::
 
-    header.json     {"sha256": <hex of the body's bytes>, "header": <body>}; the body: format tag,
-                    schema_version, save time, pool meta (question table, bucket member lists in draw order,
-                    retired set, counters), sampler / selector / schedule state (RNG states included), the
-                    caller's ``extra`` dict, and per data file its size and CRC-32 of its whole content
+    header.json     format tag, schema_version, save time, pool meta (question table, bucket member lists in
+                    draw order, retired set, counters), sampler / selector / schedule state (RNG states
+                    included), the caller's ``extra`` dict, per data file its size and CRC-32 of its whole
+                    content, and last "sha256": the SHA-256 of the file's bytes written without that key
     entries.arrow   Arrow IPC file, one row per stored trajectory in entry-id order:
                     entry_id, question (index into the header's table), length, reward, step
     tokens.arrow    Arrow IPC file, record batches of (token_ids int32, behaviour_log_probs float32);
                     each batch holds the tokens of a contiguous run of entries (<= 4M tokens)
 
-Every byte of the directory is covered by a checksum: the header's body by the SHA-256 it carries, each data file
-by the CRC-32 the header records, checked before Arrow parses the file. A damaged, truncated or missing file, or
+Every byte of the directory is covered by a checksum: the header by the SHA-256 it carries, each data file by the
+CRC-32 the header records, checked before Arrow parses the file. A damaged, truncated or missing file, or
 any inconsistency between them, raises :class:`PoolCheckpointError` naming the file; a load never yields a
 silently different or half-loaded state.
 
@@ -65,11 +65,11 @@ DATA_FILES = (ENTRIES, TOKENS)
 _TOKEN_SCHEMA = pa.schema([("token_ids", pa.int32()), ("behaviour_log_probs", pa.float32())])
 _ENTRY_SCHEMA = pa.schema([(name, pa.from_numpy_dtype(np.dtype(dt))) for name, dt in _COLUMNS.items()])
 
-# header.json is this prefix, 64 hex digits, the middle, the JSON body, the suffix: still one JSON object for a
-# human reader, while the checksum covers the body's exact bytes.
-_HEADER_PREFIX = b'{"sha256": "'
-_HEADER_MIDDLE = b'", "header": '
-_HEADER_SUFFIX = b"}\n"
+# header.json is the header's JSON object with one last key, "sha256": the SHA-256 (64 hex digits) of the exact
+# bytes of that object written without it. Readers see the usual keys; the checksum covers every other byte.
+_HEADER_SUM_KEY = b', "sha256": "'
+_HEADER_END = b'"}\n'
+_HEADER_TRAILER = len(_HEADER_SUM_KEY) + 64 + len(_HEADER_END)
 _HEADER_MAX_BYTES = 1 << 30  # far above any real header (the question table of 10^6 questions is ~50 MB)
 
 
@@ -143,9 +143,9 @@ def _write_arrow(path: pathlib.Path, schema: pa.Schema, batches: Iterator[pa.Rec
 
 
 def _encode_header(header: dict[str, Any]) -> bytes:
-    body = json.dumps(header, allow_nan=False).encode("utf-8")
+    body = json.dumps(header, allow_nan=False).encode("utf-8")  # a non-empty object: ends with "}"
     digest = hashlib.sha256(body).hexdigest().encode("ascii")
-    return _HEADER_PREFIX + digest + _HEADER_MIDDLE + body + _HEADER_SUFFIX
+    return body[:-1] + _HEADER_SUM_KEY + digest + _HEADER_END
 
 
 def _remove_leftovers(target: pathlib.Path, kinds: tuple[str, ...]) -> None:
@@ -243,13 +243,10 @@ def _read_header(path: pathlib.Path) -> dict[str, Any]:
         raw = path.read_bytes()
     except OSError as e:
         raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
-    n_pre, n_mid = len(_HEADER_PREFIX), len(_HEADER_MIDDLE)
-    body_at = n_pre + 64 + n_mid
     framed = (
-        raw.startswith(_HEADER_PREFIX)
-        and raw[n_pre + 64 : body_at] == _HEADER_MIDDLE
-        and raw.endswith(_HEADER_SUFFIX)
-        and len(raw) >= body_at + len(_HEADER_SUFFIX)
+        len(raw) > _HEADER_TRAILER
+        and raw.endswith(_HEADER_END)
+        and raw[-_HEADER_TRAILER : -_HEADER_TRAILER + len(_HEADER_SUM_KEY)] == _HEADER_SUM_KEY
     )
     if not framed:
         try:  # an older or foreign file: say which, when it parses
@@ -262,8 +259,8 @@ def _read_header(path: pathlib.Path) -> dict[str, Any]:
                 f"{SCHEMA_VERSION}, whose header carries its own checksum)"
             )
         raise PoolCheckpointError(f"{path}: unreadable or corrupt header (not a checksummed ExGRPO header)")
-    body = raw[body_at : len(raw) - len(_HEADER_SUFFIX)]
-    recorded = raw[n_pre : n_pre + 64]
+    body = raw[:-_HEADER_TRAILER] + b"}"
+    recorded = raw[-64 - len(_HEADER_END) : -len(_HEADER_END)]
     if hashlib.sha256(body).hexdigest().encode("ascii") != recorded:
         raise PoolCheckpointError(f"{path}: checksum mismatch (corrupt or modified header)")
     try:

@@ -144,7 +144,7 @@ def test_round_trip_contents_multi_batch(tmp_path):
     pool, sampler, selector, schedule = _filled()
     assert len(pool) > 20 and len(pool.retired) > 0
     out = save_experience(tmp_path / "p", pool=pool, sampler=sampler, batch_tokens=100)
-    header = json.loads((out / "header.json").read_text())["header"]
+    header = json.loads((out / "header.json").read_text())
     assert header["schema_version"] == 2 and len(header["files"]["tokens.arrow"]["batches"]) > 3
     assert sorted(os.listdir(out)) == ["entries.arrow", "header.json", "tokens.arrow"]  # no pickle anywhere
     fresh = ExperiencePool(K)
@@ -228,7 +228,8 @@ def _flip_byte(path, where):
 
 def _resign(d, edit):
     """Edit the header body and write it back with a valid checksum (damage the checksum cannot see)."""
-    body = json.loads((d / "header.json").read_text())["header"]
+    body = json.loads((d / "header.json").read_text())
+    del body["sha256"]
     edit(body)
     (d / "header.json").write_bytes(persistence_mod._encode_header(body))
 
