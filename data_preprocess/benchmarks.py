@@ -14,7 +14,9 @@ others stay pass@1), ``--repeat aime24=8,aime25=8,amc=4`` sets k per benchmark (
 validation set), ``--repeat-benchmarks`` changes which benchmarks ``--repeat K`` applies to.
 
 Rows whose ground truth is empty, or that the reward cannot match to itself (math) or that name no listed
-option (multiple choice), are dropped and counted; a question occurring twice in one benchmark is an error.
+option (multiple choice), are dropped and counted; a question occurring twice in one benchmark is an error
+(``--drop-duplicates`` keeps its first copy). The files are written all or nothing: every benchmark is built
+first, and a failure leaves no output (and no earlier benchmark's file) behind.
 
     python -m data_preprocess.benchmarks --output-dir data/benchmarks --repeat 32 --combined test_id.parquet \
         --benchmarks aime24,aime25,amc,math500,minerva,olympiad_bench
@@ -53,7 +55,7 @@ from data_preprocess.common import (
     system_prompt_from_args,
     table_columns,
     verl_row,
-    write_verl_parquet,
+    write_verl_parquets,
 )
 
 LETTERS = "ABCDEFGHIJ"
@@ -303,6 +305,7 @@ def build_benchmark(
     check_gt: bool,
     progress: bool,
     prompt_style: str = "chat",
+    drop_duplicates: bool = False,
 ) -> tuple[list[dict[str, Any]], Report]:
     rows, columns, source = load_benchmark(bench, local_path)
     report = Report(f"{bench.name} <- {source}")
@@ -313,7 +316,15 @@ def build_benchmark(
     else:
         items = [it for it in items if it.user.strip() and it.ground_truth is not None]
     ids = [question_id(it.user) for it in items]
-    raise_on_duplicates(duplicate_ids(ids), source, [it.user for it in items])
+    dups = duplicate_ids(ids)
+    if dups and drop_duplicates:
+        first: dict[str, int] = {}
+        keep = [first.setdefault(qid, i) == i for i, qid in enumerate(ids)]
+        report.add("dropped: duplicate question", keep.count(False))
+        items = [it for it, k in zip(items, keep, strict=True) if k]
+        ids = [qid for qid, k in zip(ids, keep, strict=True) if k]
+    else:
+        raise_on_duplicates(dups, source, [it.user for it in items])
     out = []
     for index, (item, qid) in enumerate(
         tqdm(list(zip(items, ids, strict=True)), desc=bench.name, disable=not progress)
@@ -348,7 +359,10 @@ def run(args: argparse.Namespace) -> list[Report]:
     inputs = parse_inputs(args.input)
     system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
     out_dir = Path(args.output_dir)
-    reports, combined = [], []
+    if args.combined and not args.combined.endswith(".parquet"):
+        raise PreprocessError(f"--combined must name a .parquet file, got {args.combined!r}")
+    # Build every benchmark before writing any: a later failure must not leave earlier outputs behind.
+    reports, outputs, combined = [], [], []
     for name in names:
         rows, report = build_benchmark(
             BENCHMARKS[name],
@@ -358,17 +372,21 @@ def run(args: argparse.Namespace) -> list[Report]:
             args.seed,
             not args.skip_gt_check,
             progress,
-            args.prompt_style,
+            prompt_style=args.prompt_style,
+            drop_duplicates=args.drop_duplicates,
         )
         if not rows:
-            raise PreprocessError(f"{name}: no rows left\n{report.format()}")
-        path = write_verl_parquet(rows, out_dir / f"{name}.parquet")
-        report.notes.append(f"written: {path}")
+            raise PreprocessError(f"{name}: no rows left (nothing was written)\n{report.format()}")
+        outputs.append((rows, out_dir / f"{name}.parquet"))
         reports.append(report)
         combined.extend(rows)
     if args.combined:
-        path = write_verl_parquet(combined, out_dir / args.combined)
-        reports.append(Report(f"combined -> {path}", {"rows": len(combined)}))
+        outputs.append((combined, out_dir / args.combined))
+    paths = write_verl_parquets(outputs)
+    for report, path in zip(reports, paths, strict=False):
+        report.notes.append(f"written: {path}")
+    if args.combined:
+        reports.append(Report(f"combined -> {paths[-1]}", {"rows": len(combined)}))
     return reports
 
 
@@ -392,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt-file", help="use this file's text as the system instruction instead")
     p.add_argument("--seed", type=int, default=0, help="GPQA option shuffle seed (raw GPQA rows only)")
     p.add_argument("--skip-gt-check", action="store_true", help="keep ground truths the reward cannot match")
+    p.add_argument(
+        "--drop-duplicates", action="store_true", help="keep the first copy of a question repeated in a benchmark"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 

@@ -135,11 +135,23 @@ def build_prompt(user_content: str, system_prompt: str | None, style: str = "cha
 # ---------------------------------------------------------------------------------------------- reading input
 
 
+def _unreadable(path: Path, what: str, e: Exception) -> PreprocessError:
+    try:
+        if path.is_file() and path.stat().st_size == 0:
+            return PreprocessError(f"{path}: the file is empty (0 bytes), not a {what} file")
+    except OSError:
+        pass
+    return PreprocessError(f"{path}: not a readable {what} file ({type(e).__name__}: {e})")
+
+
 def table_columns(path: Path) -> list[str]:
     """Column names of a parquet / jsonl / json file (for jsonl: the union over all rows)."""
     suffix = _suffix(path)
     if suffix == ".parquet":
-        return list(pq.read_schema(path).names)
+        try:
+            return list(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError) as e:  # 0 bytes, not parquet, truncated, a directory ...
+            raise _unreadable(path, "parquet", e) from e
     names: dict[str, None] = {}
     for row in _iter_json_rows(path):
         names.update(dict.fromkeys(row))
@@ -155,7 +167,10 @@ def read_rows(path: str | Path, columns: Sequence[str] | None = None) -> list[di
         require_columns(table_columns(path), columns, path)
     if _suffix(path) == ".parquet":
         # Reading only the needed columns keeps e.g. OpenR1's long reference solutions out of memory.
-        return pq.read_table(path, columns=list(columns) if columns is not None else None).to_pylist()
+        try:
+            return pq.read_table(path, columns=list(columns) if columns is not None else None).to_pylist()
+        except (pa.ArrowException, OSError) as e:  # a corrupt column chunk shows only when it is read
+            raise _unreadable(path, "parquet", e) from e
     rows = list(_iter_json_rows(path))
     if columns is not None:
         rows = [{c: r.get(c) for c in columns} for r in rows]
@@ -171,7 +186,10 @@ def _suffix(path: Path) -> str:
 
 def _iter_json_rows(path: Path) -> Iterable[dict[str, Any]]:
     if _suffix(path) == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _unreadable(path, "JSON", e) from e
         if isinstance(data, Mapping):  # {"data": [...]} or a column-oriented dict
             data = data.get("data", data.get("rows", [data]))
         if not isinstance(data, list):
@@ -181,17 +199,23 @@ def _iter_json_rows(path: Path) -> Iterable[dict[str, Any]]:
                 raise PreprocessError(f"{path}: row {i} is not a JSON object")
             yield dict(row)
         return
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PreprocessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, Mapping):
-                raise PreprocessError(f"{path}:{lineno}: a JSON object per line is expected")
-            yield dict(row)
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PreprocessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+                if not isinstance(row, Mapping):
+                    raise PreprocessError(f"{path}:{lineno}: a JSON object per line is expected")
+                yield dict(row)
+    except UnicodeDecodeError as e:
+        raise PreprocessError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason})") from e
+    except OSError as e:
+        raise _unreadable(path, "JSON lines", e) from e
 
 
 def require_columns(columns: Iterable[str], required: Sequence[str], source: str | Path) -> None:
@@ -274,6 +298,7 @@ def duplicate_ids(ids: Sequence[str]) -> dict[str, list[int]]:
 
 
 def raise_on_duplicates(dups: Mapping[str, list[int]], source: str, questions: Sequence[str]) -> None:
+    """An error naming the repeated ids and rows; both commands accept ``--drop-duplicates``, which it suggests."""
     if not dups:
         return
     examples = []
@@ -352,15 +377,37 @@ def verl_row(
 
 def write_verl_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Write rows with ``VERL_SCHEMA`` to ``path`` (temporary name, then rename: no half-written file)."""
-    path = Path(path)
-    if path.suffix != ".parquet":
-        raise PreprocessError(f"output must be a .parquet file, got {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+    return write_verl_parquets([(rows, path)])[0]
+
+
+def write_verl_parquets(outputs: Sequence[tuple[Sequence[Mapping[str, Any]], str | Path]]) -> list[Path]:
+    """Write several files all or nothing: each to a temporary name first; only when every one is written are
+    they renamed into place, so a failure leaves none of them (and no temporary) behind."""
+    paths = [Path(p) for _, p in outputs]
+    for path in paths:
+        if path.suffix != ".parquet":
+            raise PreprocessError(f"output must be a .parquet file, got {path}")
+    seen: dict[Path, int] = {}
+    for path in paths:
+        seen[path.resolve()] = seen.get(path.resolve(), 0) + 1
+    clashes = sorted(str(p) for p, n in seen.items() if n > 1)
+    if clashes:
+        raise PreprocessError(f"two outputs would be written to the same file: {', '.join(clashes)}")
+    temps: list[Path] = []
+    try:
+        for rows, path in zip((r for r, _ in outputs), paths, strict=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            temps.append(tmp)
+            pq.write_table(table, tmp)
+        for tmp, path in zip(temps, paths, strict=True):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    return paths
 
 
 @dataclass

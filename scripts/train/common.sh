@@ -468,6 +468,50 @@ exgrpo_ray() {
   PYTHONPATH="$EXGRPO_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" exgrpo_run_or_show "$PYTHON" -m ray.scripts.scripts "$@"
 }
 
+# exgrpo_ray_token_file: the token file Ray reads when RAY_AUTH_TOKEN is unset.
+exgrpo_ray_token_file() { echo "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"; }
+
+# exgrpo_ray_auth head|worker|client: Ray's token authentication, on unless RAY_AUTH_MODE says otherwise. Every node
+# and every driver must present the cluster's token (RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH, default
+# ~/.ray/auth_token); GCS and dashboard refuse the rest. The head creates the token file when there is none.
+exgrpo_ray_auth() {
+  local role="$1" file
+  file="$(exgrpo_ray_token_file)"
+  if [[ "$role" == client ]]; then
+    # ray status / ray.init(address=HOST:PORT) enable token mode only when told; tell them when a token is here.
+    if [[ -z "${RAY_AUTH_MODE:-}" && (-n "${RAY_AUTH_TOKEN:-}" || -s "$file") ]]; then export RAY_AUTH_MODE=token; fi
+    return 0
+  fi
+  export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+  if [[ "$RAY_AUTH_MODE" != token ]]; then
+    exgrpo_log "warning: RAY_AUTH_MODE=$RAY_AUTH_MODE: the Ray cluster will accept anyone who reaches its ports" \
+      "and run their code; unset it to keep token authentication on"
+    return 0
+  fi
+  [[ -n "${RAY_AUTH_TOKEN:-}" || -s "$file" ]] && return 0
+  if [[ "$role" == worker ]]; then
+    local msg="no Ray auth token on this node ($file is missing and RAY_AUTH_TOKEN is unset). The head node's"
+    msg+=" ray-head created its token file: put the same file here (a shared home directory, or scp it, chmod 600),"
+    msg+=" or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH; docs/launch_scripts.md"
+    [[ "$EXGRPO_MODE" == launch ]] || {
+      exgrpo_log "dry run: $msg"
+      return 0
+    }
+    exgrpo_die "$msg"
+  fi
+  if [[ "$EXGRPO_MODE" != launch ]]; then
+    exgrpo_log "dry run, would create the Ray auth token file $file"
+    return 0
+  fi
+  (umask 077 && mkdir -p "$(dirname "$file")" && "$PYTHON" -c '
+import os, secrets, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, secrets.token_hex(32).encode())
+os.close(fd)
+os.chmod(sys.argv[1], 0o600)' "$file") || exgrpo_die "could not create the Ray auth token file $file"
+  exgrpo_log "created the Ray auth token $file (mode 600): every worker node and driver needs this token"
+}
+
 exgrpo_ray_cli() {
   local cmd="${1:-help}"
   (($#)) && shift
@@ -475,16 +519,25 @@ exgrpo_ray_cli() {
   local port="${RAY_PORT:-6379}"
   case "$cmd" in
     ray-head)
-      exgrpo_ray start --head --port="$port" --num-gpus="$N_GPUS_PER_NODE" --dashboard-host=0.0.0.0 "$@"
+      # The dashboard serves Ray's Jobs API, which runs whatever code it is sent: loopback only unless asked.
+      local dashboard_host="${RAY_DASHBOARD_HOST:-127.0.0.1}"
+      if [[ "$dashboard_host" != 127.0.0.1 && "$dashboard_host" != localhost && "$dashboard_host" != ::1 ]]; then
+        exgrpo_log "warning: RAY_DASHBOARD_HOST=$dashboard_host: the dashboard and its Jobs API listen beyond this" \
+          "machine (they still require the token when RAY_AUTH_MODE=token); an SSH tunnel is safer"
+      fi
+      exgrpo_ray_auth head
+      exgrpo_ray start --head --port="$port" --num-gpus="$N_GPUS_PER_NODE" --dashboard-host="$dashboard_host" "$@"
       local ip
       ip="$(hostname -I 2>/dev/null | awk '{print $1}')"
-      exgrpo_log "head started. On every other node:  bash scripts/train/common.sh ray-worker ${ip:-HEAD_IP}:$port"
+      exgrpo_log "head started. On every other node (with the same token, see docs/launch_scripts.md):"
+      exgrpo_log "  bash scripts/train/common.sh ray-worker ${ip:-HEAD_IP}:$port"
       exgrpo_log "then here:  NNODES=<nodes> RAY_ADDRESS=auto bash scripts/train/<script>.sh"
       ;;
     ray-worker)
       (($#)) || exgrpo_die "usage: bash scripts/train/common.sh ray-worker HEAD_IP:PORT [ray start options]"
       local address="$1"
       shift
+      exgrpo_ray_auth worker
       exgrpo_ray start --address="$address" --num-gpus="$N_GPUS_PER_NODE" "$@"
       ;;
     ray-wait)
@@ -495,6 +548,7 @@ exgrpo_ray_cli() {
         exgrpo_log "dry run, would wait for $want GPUs"
         return 0
       fi
+      exgrpo_ray_auth client
       RAY_ADDRESS="${RAY_ADDRESS:-auto}" "$PYTHON" - "$want" "$timeout" <<'EOF' ||
 import os, sys, time
 import ray
@@ -512,12 +566,16 @@ while True:
 EOF
         exgrpo_die "the Ray cluster did not reach $want GPUs within ${timeout} s"
       ;;
-    ray-status) exgrpo_ray status "$@" ;;
+    ray-status)
+      exgrpo_ray_auth client
+      exgrpo_ray status "$@"
+      ;;
     ray-stop) exgrpo_ray stop "$@" ;;
     *)
       echo "usage: bash scripts/train/common.sh COMMAND" >&2
       echo "  ray-head | ray-worker HEAD_IP:PORT | ray-wait [N_GPUS] | ray-status | ray-stop" >&2
-      echo "  (N_GPUS_PER_NODE, NNODES, RAY_PORT, PYTHON, DRY_RUN as in the launch scripts; docs/launch_scripts.md)" >&2
+      echo "  (N_GPUS_PER_NODE, NNODES, RAY_PORT, PYTHON, DRY_RUN as in the launch scripts; RAY_DASHBOARD_HOST," >&2
+      echo "   RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH: docs/launch_scripts.md)" >&2
       [[ "$cmd" == help ]] || exit 2
       ;;
   esac
