@@ -14,11 +14,11 @@ Prints rows/second for:
   power towers among them, on a small pool: per-call latency (median, p99, max) next to the timeout, and the
   time calls queued for a grader process.
 
-Rows: every distinct (answer, ground truth, data_source) of ../shared/data/benchmarks (or --data DIR); repeated
+Rows: every distinct (answer, ground truth, data_source) of the evaluation files in --data DIR; repeated
 AIME/AMC rows are counted once, so caching does not inflate the figures (ground-truth parses are still reused
 across answers, as across the K rollouts of a question in training).
 
-    python benchmarks/reward_throughput.py [--data ../shared/data/benchmarks] [--workers 2] [--limit 0]
+    python benchmarks/reward_throughput.py [--data data/benchmarks] [--workers 2] [--limit 0]
     python benchmarks/reward_throughput.py --only adversarial,threads      # the bound checks only
 """
 
@@ -210,7 +210,7 @@ def many_threads(rows: list[tuple[str, str]], n_rows: int, threads: int, workers
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "benchmarks"))
+    p.add_argument("--data", default=str(REPO / "data" / "benchmarks"), help="written by scripts/prepare_data.sh")
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--limit", type=int, default=0, help="first N distinct rows only (0: all)")
     p.add_argument("--only", default="throughput,adversarial,threads", help="sections to run (comma list)")

@@ -1,4 +1,4 @@
-"""The evaluation benchmarks (ALGORITHM.md §12) -> verl parquet, in the format of ../shared/data/benchmarks.
+"""The evaluation benchmarks (docs/algorithm.md §12) -> verl parquet, in the format of the released files.
 
 In-distribution: AIME24, AIME25, AMC, MATH-500, Minerva, OlympiadBench; out-of-distribution: ARC-c,
 GPQA-Diamond, MMLU-Pro. Each comes from the Hugging Face Hub (``datasets.load_dataset``, when online) or from a
@@ -76,7 +76,7 @@ class Benchmark:
     hub_id: str
     hub_config: str | None
     hub_split: str
-    avg_at_k: bool  # repeated by --repeat K (ALGORITHM.md §12: AIME24, AIME25, AMC are avg@32)
+    avg_at_k: bool  # repeated by --repeat K (docs/algorithm.md §12: AIME24, AIME25, AMC are avg@32)
 
 
 BENCHMARKS: dict[str, Benchmark] = {

@@ -1,13 +1,13 @@
 """Shared pieces of the dataset -> verl parquet commands (``openr1_math``, ``benchmarks``).
 
-Output rows follow verl's RL dataset convention, the same as ../shared/data/benchmarks:
+Output rows follow verl's RL dataset convention, the same as the released evaluation files:
 ``data_source`` (str), ``prompt`` ([{content, role}]: the system instruction, then the user question),
 ``ability`` ("math"), ``reward_model`` {``ground_truth`` (str), ``style`` ("rule")}, ``extra_info``
 {``index``, ``split``, ``question_id``, ``source_row``, ``sample``}.
 
 ``question_id`` is the SHA-1 of the question text after Unicode NFKC normalisation and whitespace collapsing:
 it depends only on the question, never on row order or seed, so the experience pool can key questions by it
-across runs (ALGORITHM.md §2), and it exposes duplicate questions (an error unless asked to drop them).
+across runs (docs/algorithm.md §2), and it exposes duplicate questions (an error unless asked to drop them).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 
 from exgrpo.prompts import PROMPT_STYLES, llama_base_prompt
 
-# The system instruction of the released LUFFY / ExGRPO setup (ALGORITHM.md §10: the think template): the
-# exact text of every row of ../shared/data/benchmarks, which are the released evaluation files, and of the
+# The system instruction of the released LUFFY / ExGRPO setup (docs/algorithm.md §10: the think template): the
+# exact text of every row of the released evaluation files (AIME, AMC, MATH-500, ... in verl parquet), and of the
 # system message of the released training set Elliott/Openr1-Math-46k-8192 (LUFFY's prompt, which ExGRPO
 # reuses). The model must close "</think>" and box its answer, which is what the reward's gate checks.
 LUFFY_SYSTEM_PROMPT = (

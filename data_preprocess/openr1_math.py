@@ -1,4 +1,4 @@
-"""OpenR1-Math 46k (the ExGRPO training set, ALGORITHM.md §11) -> verl parquet.
+"""OpenR1-Math 46k (the ExGRPO training set, docs/algorithm.md §11) -> verl parquet.
 
 Input: the Hub dataset ``Elliott/Openr1-Math-46k-8192`` (via ``datasets.load_dataset``, when online) or a local
 parquet / jsonl / json file, in either shape:

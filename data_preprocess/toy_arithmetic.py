@@ -5,7 +5,7 @@ The embedded default for tests and the CPU demo (no download needed). Every row 
 dataset convention (``data_source``, ``prompt`` as chat messages, ``ability``, ``reward_model`` with
 ``ground_truth``/``style``, ``extra_info`` with ``index``/``split``) plus a stable string ``question_id`` in
 ``extra_info``: it depends only on the question (operator and operands), never on the seed or the row order, so
-the experience pool can key questions by it across runs and resumes (ALGORITHM.md §2).
+the experience pool can key questions by it across runs and resumes (docs/algorithm.md §2).
 
 Deterministic given the config: the same seed gives the same rows in the same order; train and val never share
 a question.

@@ -6,7 +6,7 @@ and unknown keys are rejected with a did-you-mean suggestion, so a typo stops th
 silently falling back to a default. All problems are reported together: one :class:`ConfigError` lists every
 unknown key and every bad value (``ConfigError.problems``), so one run shows all there is to fix.
 
-Defaults follow ../shared/docs/ALGORITHM.md: the released code's behaviour where the paper and the release
+Defaults follow docs/algorithm.md: the released code's behaviour where the paper and the release
 disagree, and the decisions marked OUR CHOICE there (each one has a switch here).
 """
 

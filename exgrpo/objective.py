@@ -1,4 +1,4 @@
-"""The mixed-policy objective of ExGRPO (ALGORITHM.md §8): shaping functions, the per-token mixed loss,
+"""The mixed-policy objective of ExGRPO (docs/algorithm.md §8): shaping functions, the per-token mixed loss,
 verl-compatible loss aggregation and the loss metrics.
 
 Pure torch, no verl import: the verl adapter (recipe/exgrpo) calls :func:`mixed_policy_loss` from its actor
@@ -52,7 +52,7 @@ LOSS_AGG_MODES = AGG_MODES + (RANK_SUM_NORM,)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shaping registry (ALGORITHM.md §8): adding a shaping function is one decorated function.
+# Shaping registry (docs/algorithm.md §8): adding a shaping function is one decorated function.
 # ----------------------------------------------------------------------------------------------------------
 class ShapingFn(Protocol):
     def __call__(self, log_ratio: torch.Tensor, *, beta: float) -> torch.Tensor:
@@ -84,13 +84,13 @@ def get_shaping_fn(name: str) -> ShapingFn:
 
 @register_shaping("none")
 def shaping_none(log_ratio: torch.Tensor, *, beta: float) -> torch.Tensor:
-    """Plain importance ratio w (the "w/o policy shaping" ablation, ALGORITHM.md §8). ``beta`` is unused."""
+    """Plain importance ratio w (the "w/o policy shaping" ablation, docs/algorithm.md §8). ``beta`` is unused."""
     return torch.exp(log_ratio)
 
 
 @register_shaping("policy_shaping")
 def shaping_policy(log_ratio: torch.Tensor, *, beta: float) -> torch.Tensor:
-    """f(w) = w/(w+β) (ALGORITHM.md §8), computed as sigmoid(log w − log β).
+    """f(w) = w/(w+β) (docs/algorithm.md §8), computed as sigmoid(log w − log β).
 
     The sigmoid form is the same function but cannot overflow for any log-ratio, and its derivative
     sigmoid'(x) = f(1−f) = β·w/(w+β)² is the gradient weight the paper describes (0.083 at w = 1, β = 0.1).
@@ -253,7 +253,7 @@ def mixed_policy_loss(
     entropy_agg_mode: str | None = None,
     metric_prefix: str = "exgrpo/",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """ExGRPO's mixed-policy loss (ALGORITHM.md §8) for one micro-batch; returns (loss, metrics).
+    """ExGRPO's mixed-policy loss (docs/algorithm.md §8) for one micro-batch; returns (loss, metrics).
 
     Tensors are [batch, response_len] except ``replay_mask`` ([batch] bool: the row is a replayed trajectory)
     and ``advantages`` ([batch, response_len] or per-row [batch]). ``behaviour_log_prob`` (the stored

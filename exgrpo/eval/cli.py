@@ -1,4 +1,4 @@
-"""``python -m exgrpo.eval`` / ``exgrpo-eval``: generate, grade and report, following ALGORITHM.md §12.
+"""``python -m exgrpo.eval`` / ``exgrpo-eval``: generate, grade and report, following docs/algorithm.md §12.
 
 Subcommands:
   run       generate (resumable) + grade + report, for one checkpoint and one or more benchmark parquets
@@ -299,7 +299,7 @@ def _generate_with_replicas(
 
 
 def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[str, Any]:
-    """What the results must carry (ALGORITHM.md §12: vLLM version, template and grader change scores)."""
+    """What the results must carry (docs/algorithm.md §12: vLLM version, template and grader change scores)."""
     old = {}
     if _run_file(cfg).is_file():
         old = json.loads(_run_file(cfg).read_text(encoding="utf-8")).get("metadata", {})
@@ -466,14 +466,14 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
         )
         p.add_argument("--grader-timeout", type=float, default=10.0, help="seconds per answer")
         p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1", help="paper rows to print")
-        p.add_argument("--reference-file", help="read the reference rows from PAPER_RESULTS.md instead")
+        p.add_argument("--reference-file", help="read the reference rows from a Markdown file (docs/paper_results.md)")
         p.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="exgrpo-eval", description="ExGRPO evaluation (paper protocol: ALGORITHM.md §12)."
+        prog="exgrpo-eval", description="ExGRPO evaluation (paper protocol: docs/algorithm.md §12)."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_common(sub.add_parser("run", help="generate + grade + report"), generation=True, grading=True)
@@ -485,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", nargs="+", help="results.json file(s); rows with the same label are merged")
     p.add_argument("--out", help="also write table.md, table.csv and table.png here")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1")
-    p.add_argument("--reference-file", help="read the reference rows from PAPER_RESULTS.md instead")
+    p.add_argument("--reference-file", help="read the reference rows from a Markdown file (docs/paper_results.md)")
     p.add_argument("--no-plot", action="store_true")
     return parser
 

@@ -1,4 +1,4 @@
-"""Answer generation for the evaluation protocol (ALGORITHM.md §12): data loading, prompt rendering, the
+"""Answer generation for the evaluation protocol (docs/algorithm.md §12): data loading, prompt rendering, the
 sample plan (avg@32 on AIME/AMC, one sample elsewhere), the vLLM and Hugging Face backends, and a resumable
 JSONL writer.
 
@@ -180,7 +180,7 @@ def chat_template_sha(tokenizer: Any) -> str | None:
 
 @dataclass
 class SamplingSettings:
-    """The protocol's sampling (ALGORITHM.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
+    """The protocol's sampling (docs/algorithm.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
 
     n_samples: None follows the protocol (32 samples per AIME24/AIME25/AMC question, split over the question's
     repeated rows, so test_id.parquet — already repeated 32x — gets one sample per row); an int is the number of
@@ -253,7 +253,7 @@ def package_version(name: str) -> str | None:
 
 
 def library_versions() -> dict[str, str | None]:
-    """Versions that change scores or their meaning (ALGORITHM.md §12: record the vLLM version)."""
+    """Versions that change scores or their meaning (docs/algorithm.md §12: record the vLLM version)."""
     import platform
 
     names = ("vllm", "transformers", "torch", "tokenizers", "math-verify", "exgrpo")

@@ -36,7 +36,7 @@ PARTIAL_NOTE = f"{PARTIAL_MARK} average over the evaluated benchmarks only (the 
 # The paper's protocol, to name what a run did differently (the caveats of a row).
 PROTOCOL_SAMPLING = {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 8192}
 
-# --- the paper's reference rows (PAPER_RESULTS.md, arXiv 2510.02245 v2), in PAPER_COLUMNS order ---------------
+# --- the paper's reference rows (docs/paper_results.md, arXiv 2510.02245 v2), in PAPER_COLUMNS order ---------
 
 _TABLE1 = [
     ("Qwen2.5-Math-7B base", [11.5, 4.9, 31.3, 43.6, 7.4, 15.6, 19.0, 18.2, 11.1, 16.9, 15.4]),
@@ -101,7 +101,7 @@ def reference_rows(reference: str | Sequence[TableRow] | None) -> list[TableRow]
 
 
 def parse_reference_markdown(text: str) -> dict[str, list[TableRow]]:
-    """Tables of PAPER_RESULTS.md whose header is the paper's columns, keyed "table1", "table5", ..."""
+    """Tables of docs/paper_results.md whose header is the paper's columns, keyed "table1", "table5", ..."""
     tables: dict[str, list[TableRow]] = {}
     current: str | None = None
     header_ok = False

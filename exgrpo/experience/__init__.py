@@ -1,4 +1,4 @@
-"""Experience management of ExGRPO (ALGORITHM.md §2-5): pool, bucket sampler, trajectory selection, persistence.
+"""Experience management of ExGRPO (docs/algorithm.md §2-5): pool, bucket sampler, trajectory selection, persistence.
 
 Framework-free: plain objects and functions that the verl adapter (``recipe/exgrpo``) wires in.
 """

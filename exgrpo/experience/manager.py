@@ -1,6 +1,6 @@
 """The experience manager: pool + bucket sampler + trajectory selector + delayed-start schedule as one object.
 
-This is what a trainer adapter talks to each step (ALGORITHM.md §2–6, §9), framework-free:
+This is what a trainer adapter talks to each step (docs/algorithm.md §2–6, §9), framework-free:
 
 1. ``plan_replay(B, step, max_response_length=L)``: the replayed questions (none before the delayed start) and,
    per question, the candidate trajectories the trainer must score (all stored ones, capped, that fit in L

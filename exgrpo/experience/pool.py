@@ -1,6 +1,6 @@
 """The experience pool: correct trajectories of partially solved questions, their buckets and the retired set.
 
-ALGORITHM.md §2 (state) and §3 (collection). The pool keeps, per question, its distinct correct trajectories
+docs/algorithm.md §2 (state) and §3 (collection). The pool keeps, per question, its distinct correct trajectories
 (response token ids with EOS, one behaviour log-prob per token, reward, step collected), the question's latest
 success count k (its *bucket*), and the set of retired questions (solved K/K, never replayed again).
 
@@ -419,7 +419,7 @@ _COLUMNS = {  # per-entry metadata columns: name -> dtype
 
 
 class ExperiencePool:
-    """Experience pool with the collection rules of ALGORITHM.md §3.
+    """Experience pool with the collection rules of docs/algorithm.md §3.
 
     Typical use per training step (the trainer's order)::
 
@@ -733,7 +733,7 @@ class ExperiencePool:
         return n
 
     def collect(self, step: int, groups: Iterable[Group], *, mixed: bool = True) -> CollectStats:
-        """Apply the collection rules of ALGORITHM.md §3 to this step's groups (after rewards are known).
+        """Apply the collection rules of docs/algorithm.md §3 to this step's groups (after rewards are known).
 
         Per group, k = successes among the counted members (all K, or the fresh ones only when
         ``count_replayed_in_k`` is off):

@@ -1,4 +1,4 @@
-"""Trajectory selection: one stored trajectory per replayed question (ALGORITHM.md §5).
+"""Trajectory selection: one stored trajectory per replayed question (docs/algorithm.md §5).
 
 Default: score every stored trajectory of a drawn question under the *current* policy and take the argmin of
 its mean token entropy H(o) = (1/|o|) sum_t H_t. The per-trajectory score comes from

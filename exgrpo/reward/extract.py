@@ -23,7 +23,7 @@ DIGIT_LABELS = "123456789"
 def split_after_think(text: str, marker: str = THINK_CLOSE) -> str | None:
     """The text after the *last* ``</think>``, or None when the response never closes its think block.
 
-    The released reward graded only what follows ``</think>`` and gave 0 without it (ALGORITHM.md §10); taking
+    The released reward graded only what follows ``</think>`` and gave 0 without it (docs/algorithm.md §10); taking
     the last marker means a model that re-opens and closes thinking is graded on its final solution section.
     """
     idx = text.rfind(marker)

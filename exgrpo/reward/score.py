@@ -1,4 +1,4 @@
-"""The verifiable reward of ExGRPO (ALGORITHM.md §10): binary, math-verify based, with the ``</think>`` gate.
+"""The verifiable reward of ExGRPO (docs/algorithm.md §10): binary, math-verify based, with the ``</think>`` gate.
 
 One response is graded in this order:
 

@@ -1,4 +1,4 @@
-"""``RayExGRPOTrainer``: verl's ``RayPPOTrainer`` with ExGRPO's experience replay (ALGORITHM.md).
+"""``RayExGRPOTrainer``: verl's ``RayPPOTrainer`` with ExGRPO's experience replay (docs/algorithm.md).
 
 One step (docs/trainer.md has the details):
 1. replayed questions drawn from the pool's buckets (after the delayed start) with their candidate stored
@@ -129,7 +129,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
     # ------------------------------------------------------------------ start-up
     def init_workers(self):
         super().init_workers()
-        # Installed once: verl warns that swapping the loss per step is unreliable (VERL_ON_CPU.md).
+        # Installed once: verl warns that swapping the loss per step is unreliable (docs/cpu_backend.md).
         from verl.utils.config import omega_conf_to_dataclass
 
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
@@ -391,7 +391,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 batch.non_tensor_batch[key] = column
 
     def _collect(self, batch: DataProto, metrics: dict) -> None:
-        """Collection (ALGORITHM.md §3): per group, the members' rewards, response ids and behaviour log-probs."""
+        """Collection (docs/algorithm.md §3): per group, the members' rewards, response ids and behaviour log-probs."""
         scores = batch.batch["token_level_scores"].sum(-1).numpy()
         responses = batch.batch["responses"].numpy()
         resp_mask = batch.batch["response_mask"].bool().numpy()

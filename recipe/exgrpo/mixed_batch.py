@@ -1,4 +1,4 @@
-"""Building ExGRPO's mixed batches out of verl ``DataProto`` objects (ALGORITHM.md §5–6).
+"""Building ExGRPO's mixed batches out of verl ``DataProto`` objects (docs/algorithm.md §5–6).
 
 Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with hand-made ``DataProto``s.
 
@@ -97,7 +97,7 @@ def build_replay_members(
     ``template`` holds one generated member of each replay group (after ``batch.union(gen_output)``): its
     prompt tokens, uid, data source, ground truth and every other per-row field are copied, then the response
     is replaced by the stored one. The reward (``rm_scores``) is zeroed here: the caller re-scores the replayed
-    members with the reward function like any other member (ALGORITHM.md §6).
+    members with the reward function like any other member (docs/algorithm.md §6).
     """
     n = len(template)
     if not (n == len(response_ids) == len(behaviour_log_probs)):

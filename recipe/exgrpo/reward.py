@@ -1,4 +1,4 @@
-"""verl 0.9.1 custom reward function of the ExGRPO recipe (ALGORITHM.md §10).
+"""verl 0.9.1 custom reward function of the ExGRPO recipe (docs/algorithm.md §10).
 
 Wiring (``main_exgrpo`` fills path/name when left null)::
 

@@ -32,7 +32,7 @@
 EXGRPO_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 EXGRPO_TRAIN_DIR="$EXGRPO_REPO_ROOT/scripts/train"
 PYTHON="${PYTHON:-python}"
-# Released lengths (ALGORITHM.md §11); also used by the context-length check.
+# Released lengths (docs/algorithm.md §11); also used by the context-length check.
 EXGRPO_MAX_PROMPT_LENGTH=1024
 EXGRPO_MAX_RESPONSE_LENGTH=8192
 # The Llama-3.1-8B base prompt is complete in the data (data_preprocess --prompt-style llama_base): this chat
@@ -169,7 +169,7 @@ print(int(ray.cluster_resources().get("GPU", 0)))' 2>/dev/null | tail -n 1)" ||
 
 # exgrpo_prepare --experiment NAME --steps N --rollout-tp TP --model-hint TEXT [--think-gate true|false]
 #                [--delayed-start TAU] [--prompt-style chat|llama_base] [--think-template expected]
-# Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (ALGORITHM.md §11).
+# Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (docs/algorithm.md §11).
 exgrpo_prepare() {
   local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35 style=chat
   EXGRPO_EXPECT_THINK_TEMPLATE=0
@@ -246,7 +246,7 @@ exgrpo_prepare() {
 
   # shellcheck disable=SC2016  # ${...} below are hydra interpolations, not shell expansions
   EXGRPO_ARGS=(
-    # Dr.GRPO-style GRPO: advantage = reward - group mean, no std division, no KL (ALGORITHM.md §1, §7)
+    # Dr.GRPO-style GRPO: advantage = reward - group mean, no std division, no KL (docs/algorithm.md §1, §7)
     algorithm.adv_estimator=grpo
     algorithm.norm_adv_by_std_in_grpo=false
     algorithm.use_kl_in_reward=false
@@ -263,7 +263,7 @@ exgrpo_prepare() {
     actor_rollout_ref.model.enable_gradient_checkpointing=true
     actor_rollout_ref.model.use_remove_padding=true
     # actor: lr 1e-6, mini-batch 64 questions (2 updates per step), entropy bonus 0.001, no KL loss,
-    # dynamic batch size with 32768 tokens per GPU, token sums / L_max (ALGORITHM.md §8)
+    # dynamic batch size with 32768 tokens per GPU, token sums / L_max (docs/algorithm.md §8)
     actor_rollout_ref.actor.optim.lr=1e-6
     actor_rollout_ref.actor.ppo_mini_batch_size=64
     actor_rollout_ref.actor.entropy_coeff=0.001

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ExGRPO on Llama-3.1-8B base (paper Table 5, 6.1 ID avg): no delayed start (mixed from step 1, tau < 0) and no
-# think gate (the base model has no think template; the reward checks the whole response, ALGORITHM.md §9-10).
-# 500 steps, otherwise the released hyperparameters (ALGORITHM.md §11). GPUs: 8; vLLM tensor parallel 2.
+# think gate (the base model has no think template; the reward checks the whole response, docs/algorithm.md §9-10).
+# 500 steps, otherwise the released hyperparameters (docs/algorithm.md §11). GPUs: 8; vLLM tensor parallel 2.
 #
 # Prompt: the paper's base-model setting, "User: {question} Answer: Let's think step by step.\n" after the BOS
 # token, no system prompt and no chat template. The data carries that text (made with --prompt-style

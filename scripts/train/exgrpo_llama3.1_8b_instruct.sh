@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ExGRPO on Llama-3.1-8B-Instruct (paper Table 5, 23.0 ID avg). 500 steps, released hyperparameters
-# (ALGORITHM.md §11). GPUs: 8 (NNODES x N_GPUS_PER_NODE); vLLM tensor parallel 2.
+# (docs/algorithm.md §11). GPUs: 8 (NNODES x N_GPUS_PER_NODE); vLLM tensor parallel 2.
 #
 #   MODEL_PATH=/models/Llama-3.1-8B-Instruct TRAIN_FILE=data/openr1/train.parquet \
 #     bash scripts/train/exgrpo_llama3.1_8b_instruct.sh [hydra overrides]

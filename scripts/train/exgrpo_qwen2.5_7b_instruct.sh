@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ExGRPO on Qwen2.5-7B-Instruct (paper Table 5, 39.3 ID avg). 500 steps, released hyperparameters (ALGORITHM.md §11).
+# ExGRPO on Qwen2.5-7B-Instruct (paper Table 5, 39.3 ID avg). 500 steps, released hyperparameters (docs/algorithm.md §11).
 # GPUs: 8 (NNODES x N_GPUS_PER_NODE); vLLM tensor parallel 2.
 #
 #   MODEL_PATH=/models/Qwen2.5-7B-Instruct TRAIN_FILE=data/openr1/train.parquet \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ExGRPO on Qwen2.5-Math-1.5B (paper Table 5, 35.3 ID avg). 500 steps, released hyperparameters (ALGORITHM.md §11).
+# ExGRPO on Qwen2.5-Math-1.5B (paper Table 5, 35.3 ID avg). 500 steps, released hyperparameters (docs/algorithm.md §11).
 # GPUs: 8 (NNODES x N_GPUS_PER_NODE); vLLM tensor parallel 1 (a 1.5B model fits one GPU: 8 replicas; OUR CHOICE,
 # set ROLLOUT_TP=2 for the 7B layout).
 #

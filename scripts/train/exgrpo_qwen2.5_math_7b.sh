@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ExGRPO on Qwen2.5-Math-7B: the released 7B run (ALGORITHM.md §11; paper Table 1, 48.3 ID avg). 700 steps.
+# ExGRPO on Qwen2.5-Math-7B: the released 7B run (docs/algorithm.md §11; paper Table 1, 48.3 ID avg). 700 steps.
 # GPUs: 8 (NNODES x N_GPUS_PER_NODE); vLLM tensor parallel 2.
 #
 #   MODEL_PATH=/models/Qwen2.5-Math-7B-16k TRAIN_FILE=data/openr1/train.parquet \

@@ -38,7 +38,7 @@ BACKBONES = (
     "llama3.1_8b_instruct",
     "luffy_continual",
 )
-#: PAPER_RESULTS.md Table 6, one preset per row: the exgrpo keys each preset changes, relative to the 7B run.
+#: The paper's Table 6, one preset per row: the exgrpo keys each preset changes, relative to the 7B run.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "on_policy": {"enable": False},
     "wo_question_selection": {"weighting": "uniform"},
@@ -216,7 +216,7 @@ def test_every_script_dry_runs(script, launches):
 
 # ------------------------------------------------------------------------------------ released settings
 def test_released_hyperparameters_of_the_7b_run(reports):
-    """ALGORITHM.md §11, key by key, in the composed config of scripts/train/exgrpo_qwen2.5_math_7b.sh."""
+    """docs/algorithm.md §11, key by key, in the composed config of scripts/train/exgrpo_qwen2.5_math_7b.sh."""
     r = reports["train/exgrpo_qwen2.5_math_7b.sh"]
     c, x = r.config, r.exgrpo
     actor, rollout = c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout
@@ -247,7 +247,7 @@ def test_backbone_settings(backbone, reports):
     r = reports[f"train/exgrpo_{backbone}.sh"]
     assert r.config.trainer.total_training_steps == (700 if backbone == "qwen2.5_math_7b" else 500)
     llama_base = backbone == "llama3.1_8b"
-    # Llama-3.1-8B base: no delayed start (mixed from step 1) and no think gate (ALGORITHM.md §9-10)
+    # Llama-3.1-8B base: no delayed start (mixed from step 1) and no think gate (docs/algorithm.md §9-10)
     assert r.exgrpo.delayed_start_threshold == (-1 if llama_base else 0.35)
     assert r.config.reward.custom_reward_function.reward_kwargs.think_gate is (not llama_base)
     assert str(r.config.trainer.experiment_name) == f"exgrpo_{backbone}"

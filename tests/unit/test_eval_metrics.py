@@ -1,4 +1,4 @@
-"""Metrics of the evaluation protocol (ALGORITHM.md §12): avg@k, unbiased pass@k, macro averages, the sample
+"""Metrics of the evaluation protocol (docs/algorithm.md §12): avg@k, unbiased pass@k, macro averages, the sample
 plan, the grader adapter and the resumable generation file."""
 
 import json

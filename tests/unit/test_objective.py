@@ -1,4 +1,4 @@
-"""Unit tests for exgrpo.objective (ALGORITHM.md §8): hand-computed values, gradients, edge cases."""
+"""Unit tests for exgrpo.objective (docs/algorithm.md §8): hand-computed values, gradients, edge cases."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_aggregate_loss_rejects_unknown_mode():
 
 # ------------------------------------------------------------------------------------------------ §7 example
 def _section7_batch():
-    """One replay group of K = 8 (ALGORITHM.md §7): the replayed row (reward 1) plus 7 failing fresh rows.
+    """One replay group of K = 8 (docs/algorithm.md §7): the replayed row (reward 1) plus 7 failing fresh rows.
 
     A* = 1 − 1/8 = 7/8, A_fresh = −1/8. All ratios are 1 (log_prob = old = behaviour). The replayed row has
     2 tokens, the fresh rows 1, 2, 1, 2, 1, 2, 1 tokens (10 fresh tokens)."""
@@ -264,7 +264,7 @@ def test_behaviour_values_on_fresh_rows_are_ignored():
 @pytest.mark.parametrize("w", [1.0, BETA, 10.0, 0.37, 3.0])
 @pytest.mark.parametrize("advantage", [0.7, -1.3])
 def test_replayed_gradient_is_beta_w_over_w_plus_beta_squared(w, advantage):
-    """∂(objective)/∂log π = β·w/(w+β)²·A for a replayed token (ALGORITHM.md §8); objective = −loss."""
+    """∂(objective)/∂log π = β·w/(w+β)²·A for a replayed token (docs/algorithm.md §8); objective = −loss."""
     beh = torch.tensor([[-1.2, -0.4]], dtype=torch.float64)
     lp = (beh + math.log(w)).requires_grad_(True)
     adv = torch.tensor([[advantage, advantage]], dtype=torch.float64)

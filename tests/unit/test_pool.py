@@ -1,4 +1,4 @@
-"""Experience pool: collection rules of ALGORITHM.md §3, dedup, caps/eviction, storage layouts, stats."""
+"""Experience pool: collection rules of docs/algorithm.md §3, dedup, caps/eviction, storage layouts, stats."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Trajectory selection (ALGORITHM.md §5): masked-mean scores, the token-stats input, metrics registry, selector."""
+"""Trajectory selection (docs/algorithm.md §5): masked-mean scores, token-stats input, metrics registry, selector."""
 
 import json
 
