@@ -4,10 +4,19 @@ An entry lives inside one chunk of ``chunk_tokens`` tokens (4M: 16 MB ids + 16 M
 appended at the open chunk's tail, a whole collect call in one copy per chunk it lands in. Freeing leaves a hole;
 a chunk is compacted in place once its holes exceed 1/32 of its capacity, and released once empty, so the memory
 held stays within a few % of the live tokens and freed memory goes back to the OS.
+
+Chunk memory: a chunk is an anonymous memory map that the kernel fills in when it is created (``MAP_POPULATE``,
+Linux), not an ``np.empty`` array faulted in page by page as collect calls copy into it. Writing fresh memory is
+most of what a collect call costs (~6 MB per step at the paper's scale), and on the development VM both
+alternatives cost more: page-by-page faults about 1.6x as much, and ``np.empty`` (which asks for transparent huge
+pages on arrays of 4 MB or more) is fast while free huge pages last but stalls on memory compaction once they run
+out, under the kernel's common ``defrag=madvise`` setting (``benchmarks/pool_scale.py``, docs/experience.md).
+The price of populating at creation is that the collect call that opens a chunk pays for all of it.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,11 +27,18 @@ __all__ = ["ArenaStorage", "fresh_array"]
 
 #: A chunk is compacted once its dead tokens exceed capacity / COMPACT_DIVISOR (keeps held memory tight).
 COMPACT_DIVISOR = 32
+#: Private anonymous map, populated at creation where the platform has MAP_POPULATE (Linux); 0: platform default.
+_MAP_FLAGS = (
+    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0) if hasattr(mmap, "MAP_ANONYMOUS") else 0
+)
 
 
 def fresh_array(n: int, dtype: type) -> np.ndarray:
-    """``n`` elements of new, writable memory (contents undefined)."""
-    return np.empty(n, dtype=dtype)
+    """``n`` elements (n >= 1) of new, writable, zero-filled memory in its own anonymous map, faulted in at once
+    where the platform can (``MAP_POPULATE``) and without a huge-page request; unmapped with its last view."""
+    nbytes = n * np.dtype(dtype).itemsize
+    buf = mmap.mmap(-1, nbytes, flags=_MAP_FLAGS) if _MAP_FLAGS else mmap.mmap(-1, nbytes)
+    return np.frombuffer(buf, dtype=dtype)
 
 
 class ArenaStorage(TokenStorage):

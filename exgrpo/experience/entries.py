@@ -54,6 +54,10 @@ class EntryBatch:
         self.rewards.append(reward)
         self.steps.append(step)
 
+    def clear(self) -> None:
+        for rows in (self.questions, self.entry_ids, self.token_ids, self.log_probs, self.rewards, self.steps):
+            rows.clear()
+
     def lengths(self) -> np.ndarray:
         return np.fromiter((a.shape[0] for a in self.token_ids), dtype=np.int64, count=len(self.token_ids))
 

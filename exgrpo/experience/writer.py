@@ -112,7 +112,7 @@ class CollectionRules:
             slots = self.table.allocate(batch)
             self.tokens.resize(self.table.capacity)
             self.tokens.put_many(slots, batch.token_ids, batch.log_probs, batch.lengths())
-            batch.__init__()  # type: ignore[misc]
+            batch.clear()
 
     def _free(self, slot: int) -> int:
         self.tokens.free(slot)
