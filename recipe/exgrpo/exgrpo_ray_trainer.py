@@ -41,8 +41,9 @@ from exgrpo.advantage import group_relative_advantages, token_level_advantages
 from exgrpo.experience.manager import ExperienceManager, ReplayPlan
 from exgrpo.experience.pool import GroupMember
 from exgrpo.fresh_prompts import FreshPromptFilter
+from exgrpo.objective import LossSettings
 from exgrpo.schedule import batch_pass_rate
-from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.mixed_batch import (
@@ -133,7 +134,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         from verl.utils.config import omega_conf_to_dataclass
 
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=loss_settings_from_config(self.exgrpo))
+        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=LossSettings.from_config(self.exgrpo))
         self.actor_rollout_wg.set_loss_fn(loss_fn)
         # Count every actor forward call (the old-log-prob pass, and any other caller): a step must make as many
         # as a GRPO step (logged as exgrpo/actor_log_prob_calls).

@@ -16,8 +16,8 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from exgrpo.experience.pool import Candidate  # noqa: E402
 from exgrpo.experience.selection import SelectedTrajectory  # noqa: E402
-from exgrpo.objective import mixed_policy_loss  # noqa: E402
-from recipe.exgrpo.actor_loss import LossSettings, exgrpo_actor_loss  # noqa: E402
+from exgrpo.objective import LossSettings, mixed_policy_loss  # noqa: E402
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.exgrpo_ray_trainer import replay_group_metrics  # noqa: E402
 from recipe.exgrpo.mixed_batch import (  # noqa: E402
     BEHAVIOUR_LOG_PROBS_KEY,
@@ -208,10 +208,14 @@ def test_installed_loss_equals_the_exgrpo_objective(agg, mixed):
     log_prob = _padded_log_prob(gen, flat)
     expected, raw = mixed_policy_loss(
         log_prob, gen.batch["old_log_probs"], gen.batch[BEHAVIOUR_LOG_PROBS_KEY], gen.batch["advantages"],
-        gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY], loss_agg_mode=agg, shaping="policy_shaping",
-        shaping_beta=0.1, is_correction=True, fresh_clip=not mixed, clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=None,  # exgrpo.dual_clip is off by default (as released)
-        loss_scale_factor=config.loss_scale_factor,
+        gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY],
+        LossSettings(
+            loss_agg_mode=agg, shaping="policy_shaping", shaping_beta=0.1, is_correction=True,
+            fresh_clip="never" if mixed else "always",  # released: the clip before mixed mode, none after
+            clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
+            dual_clip=False,  # exgrpo.dual_clip is off by default (as released)
+            loss_scale_factor=config.loss_scale_factor,
+        ),
     )
     (grad_expected,) = torch.autograd.grad(expected, flat)
     assert torch.allclose(loss, expected, atol=1e-6)
