@@ -1,7 +1,9 @@
 """Entry point of the ExGRPO recipe: ``python -m recipe.exgrpo.main_exgrpo [hydra overrides]``.
 
 The config is verl's ``ppo_trainer`` plus one ``exgrpo:`` block (config/exgrpo_trainer.yaml). The block is
-validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range.
+validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range; so are
+the verl settings the recipe would otherwise accept and ignore (``algorithm.adv_estimator``, ``use_kl_loss``, ...:
+``recipe/exgrpo/config_bridge.py``, docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ RECIPE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def prepare_config(config) -> None:
-    """Fill the recipe's defaults that depend on where it is installed, and validate the ``exgrpo`` block."""
-    from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
+    """Fill the recipe's defaults that depend on where it is installed, validate the ``exgrpo`` block and reject
+    the verl settings the recipe would silently ignore (``config_bridge.UNSUPPORTED_VERL_SETTINGS``)."""
+    from recipe.exgrpo.config_bridge import check_startup_config
 
     with open_dict(config):
         if not config.reward.custom_reward_function.get("path"):
@@ -33,12 +36,7 @@ def prepare_config(config) -> None:
         if not config.data.custom_cls.get("path"):
             config.data.custom_cls.path = os.path.join(RECIPE_DIR, "dataset.py")
             config.data.custom_cls.name = "ExGRPODataset"
-    if config.trainer.get("use_v1", False):
-        raise ValueError(
-            "trainer.use_v1=True: the ExGRPO recipe runs on verl's RayPPOTrainer; set trainer.use_v1=False "
-            "(the default of config/exgrpo_trainer.yaml)"
-        )
-    exgrpo = exgrpo_config_from_hydra(config)  # raises with the bad key named
+    exgrpo = check_startup_config(config)  # raises naming every bad key, verl's and exgrpo's
     install_worker_env(config, exgrpo.skip_grad_norm_above)
     from recipe.exgrpo.cpu_guard import check_device_config
 
