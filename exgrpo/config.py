@@ -25,12 +25,16 @@ __all__ = ["ConfigError", "ExGRPOConfig"]
 
 #: Allowed values of the string switches that no registry defines (the registries of bucket weightings,
 #: trajectory metrics and shapings are consulted at validation time, so a newly registered one is accepted
-#: automatically; the objective's own choices, fresh_clip and loss_scale, are read from exgrpo.objective).
+#: automatically).
 ZERO_SUCCESS_CHOICES = ("bucket0", "keep")
 COLLECT_FROM_CHOICES = ("start", "mixed")
 POOL_STORAGE_CHOICES = ("arena", "per_entry")
 RESUME_POOL_CHOICES = ("required", "empty")
 TRAJECTORY_MODE_CHOICES = ("min", "max")
+#: exgrpo.fresh_clip: the PPO clip on fresh tokens before the delayed start only (released), always, or never.
+FRESH_CLIP_CHOICES = ("released", "always", "never")
+#: exgrpo.loss_scale: verl's global normaliser (ours) or each data-parallel rank's token sum / L_max (released).
+LOSS_SCALE_CHOICES = ("global", "per_rank")
 
 #: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
 REMOVED_KEYS = {
@@ -313,7 +317,7 @@ class ExGRPOConfig:
             )
         _check_int(self.diversity_ngram, "diversity_ngram", lo=1)
 
-        from exgrpo.objective import FRESH_CLIP_CHOICES, LOSS_SCALE_CHOICES, SHAPING_REGISTRY
+        from exgrpo.objective.shaping import SHAPING_REGISTRY
 
         _check_choice(self.shaping, "shaping", tuple(SHAPING_REGISTRY))
         _check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)

@@ -33,7 +33,6 @@ from exgrpo.objective.terms import (
     ReplayedTerm,
     TokenTerms,
     fresh_term,
-    mixed_token_losses,
     replayed_term,
     term_weights,
 )
@@ -59,7 +58,6 @@ __all__ = [
     "get_shaping_fn",
     "loss_metrics",
     "mixed_policy_loss",
-    "mixed_token_losses",
     "register_shaping",
     "replayed_term",
     "shaping_none",

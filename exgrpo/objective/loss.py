@@ -14,7 +14,7 @@ import torch
 from exgrpo.objective.aggregation import Normalisers, aggregate_loss
 from exgrpo.objective.metrics import loss_metrics
 from exgrpo.objective.settings import LossSettings
-from exgrpo.objective.terms import check_shape, mixed_token_losses, term_weights
+from exgrpo.objective.terms import TokenTerms, check_shape, fresh_term, log_ratios, replayed_term, term_weights
 
 __all__ = ["mixed_policy_loss"]
 
@@ -86,9 +86,30 @@ def mixed_policy_loss(
     if settings.entropy_coeff != 0.0 and entropy is None:
         raise ValueError(f"entropy_coeff={settings.entropy_coeff} but no entropy tensor was given")
 
-    terms = mixed_token_losses(
-        log_prob, old_log_prob, behaviour_log_prob, advantages, response_mask, replay_mask, settings, mixed=mixed
+    # ---- both terms per token (docs/algorithm.md §8)
+    mask = response_mask.bool()
+    replay_rows = replay_mask.to(device=mask.device).bool()
+    log_ratio = log_ratios(log_prob, old_log_prob, behaviour_log_prob, mask, replay_rows, settings)
+    # the advantage is zeroed on padding too (it may hold NaN there)
+    adv = torch.where(mask, advantages.to(log_prob.dtype), torch.zeros_like(log_prob))
+    ratio = torch.exp(log_ratio)
+    fresh = fresh_term(adv, ratio, settings, mixed=mixed)
+    replayed = replayed_term(adv, log_ratio, settings)
+    replayed_tokens = replay_rows.unsqueeze(-1) & mask
+    terms = TokenTerms(
+        mask=mask,
+        replay_rows=replay_rows,
+        fresh_tokens=~replay_rows.unsqueeze(-1) & mask,
+        replayed_tokens=replayed_tokens,
+        log_ratio=log_ratio,
+        ratio=ratio,
+        fresh=fresh,
+        replayed=replayed,
+        losses=torch.where(replayed_tokens, replayed.losses, fresh.losses),
+        dtype=log_prob.dtype,
     )
+
+    # ---- paper Eq. 4's term weights (exgrpo.weight_terms_by_ratio), the aggregation, the entropy bonus
     token_losses = terms.losses
     weights = term_weights(
         terms.replay_rows,

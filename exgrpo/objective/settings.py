@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from exgrpo.config import FRESH_CLIP_CHOICES, LOSS_SCALE_CHOICES, ExGRPOConfig
 from exgrpo.objective.aggregation import RANK_SUM_NORM, check_agg_mode
 from exgrpo.objective.shaping import get_shaping_fn
 
-if TYPE_CHECKING:  # the config imports this module to validate its choices; no import back at run time
-    from exgrpo.config import ExGRPOConfig
-
 __all__ = ["FRESH_CLIP_CHOICES", "LOSS_SCALE_CHOICES", "LossSettings", "fresh_clip_on"]
 
-#: ``exgrpo.fresh_clip``: PPO clip on fresh tokens before the delayed start only (released), always, or never.
-FRESH_CLIP_CHOICES = ("released", "always", "never")
-#: ``exgrpo.loss_scale``: verl's global normaliser (ours) or each rank's token sum / L_max (released).
-LOSS_SCALE_CHOICES = ("global", "per_rank")
+# The exgrpo keys' defaults are ExGRPOConfig's: one source of defaults (the yaml repeats them, tested).
+_CONFIG_DEFAULTS = ExGRPOConfig()
 
 
 def fresh_clip_on(fresh_clip: str, mixed: bool) -> bool:
@@ -45,20 +41,20 @@ def fresh_clip_on(fresh_clip: str, mixed: bool) -> bool:
 class LossSettings:
     """Everything the mixed objective reads that is fixed for a run (docs/objective.md has the table).
 
-    Defaults: the ``exgrpo:`` keys as ``ExGRPOConfig``'s defaults (the released run's objective), verl's actor
-    defaults for the rest. Bad values raise a ValueError naming the key when the object is built.
+    Defaults: ``ExGRPOConfig``'s for the ``exgrpo:`` keys (taken from it, not repeated), verl's actor defaults for
+    the rest. Bad values raise a ValueError naming the key when the object is built.
     """
 
-    # ---- the exgrpo: block (ExGRPOConfig), same names, types and values
-    shaping: str = "policy_shaping"
-    shaping_beta: float = 0.1
-    is_correction: bool = True
-    fresh_clip: str = "released"
-    dual_clip: bool = False
-    weight_terms_by_ratio: bool = False
-    loss_scale: str = "global"
+    # ---- the exgrpo: block (ExGRPOConfig): same names, types, values and defaults
+    shaping: str = _CONFIG_DEFAULTS.shaping
+    shaping_beta: float = _CONFIG_DEFAULTS.shaping_beta
+    is_correction: bool = _CONFIG_DEFAULTS.is_correction
+    fresh_clip: str = _CONFIG_DEFAULTS.fresh_clip
+    dual_clip: bool = _CONFIG_DEFAULTS.dual_clip
+    weight_terms_by_ratio: bool = _CONFIG_DEFAULTS.weight_terms_by_ratio
+    loss_scale: str = _CONFIG_DEFAULTS.loss_scale
     #: applied by the engine hook (recipe/exgrpo/engines.py), not by the loss; carried so the loss can check it
-    skip_grad_norm_above: float | None = None
+    skip_grad_norm_above: float | None = _CONFIG_DEFAULTS.skip_grad_norm_above
     # ---- verl's actor config (actor_rollout_ref.actor.*), filled by the adapter at each call (with_actor)
     loss_agg_mode: str = "token-mean"
     loss_scale_factor: float | None = None
@@ -93,7 +89,7 @@ class LossSettings:
             raise ValueError(f"shaping_beta must be > 0, got {self.shaping_beta}")
         fresh_clip_on(self.fresh_clip, False)  # unknown choice: ValueError naming exgrpo.fresh_clip
         if self.loss_scale not in LOSS_SCALE_CHOICES:
-            raise ValueError(f"exgrpo.loss_scale must be global or per_rank, got {self.loss_scale!r}")
+            raise ValueError(f"exgrpo.loss_scale must be one of {list(LOSS_SCALE_CHOICES)}, got {self.loss_scale!r}")
         check_agg_mode(self.loss_agg_mode)
         if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
             raise ValueError(f"clip_ratio_low/high must be >= 0, got {self.clip_ratio_low}/{self.clip_ratio_high}")

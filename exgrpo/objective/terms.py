@@ -6,7 +6,7 @@
   operations) or the released code's unclipped −A·w, as ``exgrpo.fresh_clip`` says for this step.
 * :func:`replayed_term`: −A·f(w), f from the shaping registry, never clipped.
 * :func:`term_weights`: ρ for the experience term, 1−ρ for the on-policy term (``exgrpo.weight_terms_by_ratio``).
-* :func:`mixed_token_losses`: all of it for one micro-batch, as a :class:`TokenTerms`.
+* :class:`TokenTerms`: all of it for one micro-batch (built by :func:`exgrpo.objective.mixed_policy_loss`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ __all__ = [
     "TokenTerms",
     "fresh_term",
     "log_ratios",
-    "mixed_token_losses",
     "replayed_term",
     "term_weights",
 ]
@@ -152,38 +151,3 @@ class TokenTerms:
     losses: torch.Tensor
     #: dtype of the model's log-probs (the metrics' clip fractions are computed in it)
     dtype: torch.dtype
-
-
-def mixed_token_losses(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    behaviour_log_prob: torch.Tensor | None,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    replay_mask: torch.Tensor,
-    settings: LossSettings,
-    *,
-    mixed: bool,
-) -> TokenTerms:
-    """Both terms of one micro-batch; shapes as :func:`exgrpo.objective.mixed_policy_loss` (checked there)."""
-    mask = response_mask.bool()
-    replay_rows = replay_mask.to(device=mask.device).bool()
-    log_ratio = log_ratios(log_prob, old_log_prob, behaviour_log_prob, mask, replay_rows, settings)
-    # the advantage is zeroed on padding too (it may hold NaN there)
-    adv = torch.where(mask, advantages.to(log_prob.dtype), torch.zeros_like(log_prob))
-    ratio = torch.exp(log_ratio)
-    fresh = fresh_term(adv, ratio, settings, mixed=mixed)
-    replayed = replayed_term(adv, log_ratio, settings)
-    replayed_tokens = replay_rows.unsqueeze(-1) & mask
-    return TokenTerms(
-        mask=mask,
-        replay_rows=replay_rows,
-        fresh_tokens=~replay_rows.unsqueeze(-1) & mask,
-        replayed_tokens=replayed_tokens,
-        log_ratio=log_ratio,
-        ratio=ratio,
-        fresh=fresh,
-        replayed=replayed,
-        losses=torch.where(replayed_tokens, replayed.losses, fresh.losses),
-        dtype=log_prob.dtype,
-    )

@@ -23,34 +23,15 @@ from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
 
 
 def _build_trainer(cfg: Any) -> Any:
-    """The legacy trainer, built in this process the way verl's TaskRunner builds it."""
+    """The legacy trainer, built in this process the way verl's TaskRunner builds it (``build_trainer``)."""
     from omegaconf import OmegaConf
     from verl.trainer.main_ppo_v0 import BaseTaskRunner
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from recipe.exgrpo.main_exgrpo import build_trainer
 
     OmegaConf.resolve(cfg)
-    runner = BaseTaskRunner()
-    _, worker_group_cls = runner.add_actor_rollout_worker(cfg)
-    runner.add_reward_model_resource_pool(cfg)
-    resource_pool_manager = runner.init_resource_pool_mgr(cfg)
-    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
-    tokenizer = model_config.tokenizer
-    train = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, None, is_train=True)
-    val = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, None, is_train=False)
-    trainer = RayPPOTrainer(
-        config=cfg,
-        tokenizer=tokenizer,
-        role_worker_mapping=runner.role_worker_mapping,
-        resource_pool_manager=resource_pool_manager,
-        ray_worker_group_cls=worker_group_cls,
-        train_dataset=train,
-        val_dataset=val,
-        collate_fn=collate_fn,
-        train_sampler=create_rl_sampler(cfg.data, train),
-    )
+    trainer = build_trainer(BaseTaskRunner(), cfg, RayPPOTrainer)
     trainer.init_workers()
     return trainer
 
