@@ -1,9 +1,12 @@
 """The actor loss installed in verl's FSDP workers: verl's ``ppo_loss`` contract, ExGRPO's mixed objective.
 
 verl's ``ActorRolloutRefWorker`` calls ``loss_fn(model_output=..., data=micro_batch, dp_group=...)`` once per
-micro-batch; the trainer installs ``partial(exgrpo_actor_loss, config=actor_config, settings=...)`` once, at
-start-up, through the worker group's ``set_loss_fn``. Each micro-batch carries every per-row tensor of the
-driver's batch, so the replay mask and the stored behaviour log-probs reach the loss intact.
+micro-batch; the trainer installs ``partial(exgrpo_actor_loss, config=actor_config,
+settings=LossSettings.from_config(exgrpo))`` once, at start-up, through the worker group's ``set_loss_fn``. Each
+call completes the settings with verl's actor values (``with_actor_config``: clip ε, dual-clip c, aggregation,
+L_max, entropy coefficient, read from the ``config`` verl passes, as its own ``ppo_loss`` does). Each
+micro-batch carries every per-row tensor of the driver's batch, so the replay mask and the stored behaviour
+log-probs reach the loss intact.
 
 The normalisers (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``) are passed
 through exactly as verl's ``ppo_loss`` does, so the loss scale does not depend on micro-batching or GPU count
