@@ -3,9 +3,11 @@
 The paper's 7B run ended with 202,011 stored trajectories (+1.77 GB RAM in the released code). This builds a
 synthetic pool of that many trajectories (response lengths uniform in [mean-spread, mean+spread], default
 1,000-2,000 tokens; int32 token ids, float32 behaviour log-probs) through ``ExperiencePool.collect`` in steps of
-128 groups of K = 8, then measures, per storage layout (each in its own process, so peak RSS is per layout):
+128 groups of K = 8, then measures, per storage layout and per implementation (each in its own process, so peak
+RSS is per column):
 
-* insert throughput (collect calls only; building the synthetic groups is excluded),
+* ``collect`` per step of 128 groups (median / mean / p95 ms) and insert throughput (collect calls only; building
+  the synthetic groups is excluded),
 * bytes held per stored token (``memory_bytes()`` and the RSS growth),
 * per-step time to draw 64 replayed questions (128 per step, rho = 0.5, 64 fresh questions excluded) and
   assemble their candidates (token ids + behaviour log-probs of every stored trajectory; copies and views),
@@ -13,16 +15,26 @@ synthetic pool of that many trajectories (response lengths uniform in [mean-spre
 * save (Arrow IPC + JSON header, fsync'd; cold and warm page cache, next to a plain write of as many bytes)
   and load (after freeing the pool) times, and peak RSS.
 
-Targets: <= 8.5 bytes per stored token, sampling + assembly < 5 ms, save + load < 10 s.
+Before / after, side by side in one run: every measurement runs on this checkout's ``exgrpo`` ("after") and on
+the ``exgrpo`` package of ``--baseline REV`` ("before"; by default the last commit before the experience package
+was split into components and collection was batched), extracted with ``git archive`` into the work directory.
+Both see the same synthetic stream (same seed), so the "behaviour digest" row (a hash of every bucket, retired
+question, counter and stored trajectory after the build and the churn) must be equal in both columns.
 
-    python benchmarks/pool_scale.py                       # full scale, both layouts (~2.5 GB RAM per layout)
+Targets: collect median < 5 ms per step, <= 8.5 bytes per stored token, sampling + assembly < 5 ms,
+save + load < 10 s.
+
+    python benchmarks/pool_scale.py                       # full scale, both layouts, before and after (~6 GB RAM)
     python benchmarks/pool_scale.py --trajectories 20000  # a quick run
+    python benchmarks/pool_scale.py --baseline none       # this checkout only
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
+import importlib
 import json
 import os
 import platform
@@ -32,21 +44,44 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import ModuleType
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from exgrpo.experience import (  # noqa: E402
-    BucketSampler,
-    ExperiencePool,
-    Group,
-    GroupMember,
-    load_experience,
-    save_experience,
-)
-
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_TRAJECTORIES = 202_011
+#: "before": the last commit before the experience package was split into components (entry table, token storage,
+#: bucket index, collection rules) and a collect call started storing its trajectories in one batch.
+BASELINE_REV = "6e59e2e2707e7563fea5af8e20398f308cf09fff"
+
+
+def import_experience(impl: str | None) -> ModuleType:
+    """``exgrpo.experience`` of this checkout (``impl`` None) or of the source tree at ``impl``."""
+    sys.path.insert(0, impl or REPO)
+    return importlib.import_module("exgrpo.experience")
+
+
+def extract_baseline(rev: str, workdir: str) -> str:
+    """``git archive`` the ``exgrpo`` package of ``rev`` into ``workdir``; returns the tree's root."""
+    root = os.path.join(workdir, f"baseline-{rev[:12]}")
+    os.makedirs(root, exist_ok=True)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "exgrpo"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+    return root
+
+
+def behaviour_digest(pool, k: int) -> str:
+    """Hash of what the pool holds, through its public API only (both implementations have it): bucket member
+    lists in draw order, retired questions, counters, and every stored trajectory (ids, reward, step, tokens)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps([[list(pool.buckets.members(b)) for b in range(k)], list(pool.retired)]).encode())
+    h.update(json.dumps(pool.counters, sort_keys=True).encode())
+    for q in pool.question_ids():
+        for c in pool.entries(q, copy=False):
+            h.update(f"{c.entry_id}:{c.reward}:{c.step}".encode())
+            h.update(c.token_ids.tobytes())
+            h.update(c.behaviour_log_probs.tobytes())
+    return h.hexdigest()
 
 
 def rss_bytes() -> int:
@@ -64,7 +99,8 @@ def peak_rss_bytes() -> int:
 class Synthetic:
     """Groups of K members whose correct responses are views into one random token buffer (no per-call cost)."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, GroupMember, Group):
+        self.GroupMember, self.Group = GroupMember, Group
         self.rng = np.random.default_rng(args.seed)
         self.k = args.k
         self.lo = max(1, args.mean_len - args.len_spread)
@@ -74,19 +110,22 @@ class Synthetic:
         self.lps = -self.rng.exponential(0.5, n).astype(np.float32)
         self.wrong = GroupMember(np.array([2], dtype=np.int32), np.array([-1.0], dtype=np.float32), 0.0)
 
-    def member(self) -> GroupMember:
+    def member(self):
         n = int(self.rng.integers(self.lo, self.hi + 1))
         off = int(self.rng.integers(0, self.ids.shape[0] - n))
-        return GroupMember(self.ids[off : off + n], self.lps[off : off + n], 1.0)
+        return self.GroupMember(self.ids[off : off + n], self.lps[off : off + n], 1.0)
 
-    def group(self, qid: str, n_correct: int) -> Group:
+    def group(self, qid: str, n_correct: int):
         members = [self.member() for _ in range(n_correct)] + [self.wrong] * (self.k - n_correct)
-        return Group(qid, members)
+        return self.Group(qid, members)
 
 
 def run_layout(args: argparse.Namespace) -> dict:
     layout = args.child
-    syn = Synthetic(args)
+    E = import_experience(args.impl)
+    ExperiencePool, BucketSampler, Group = E.ExperiencePool, E.BucketSampler, E.Group
+    save_experience, load_experience = E.save_experience, E.load_experience
+    syn = Synthetic(args, E.GroupMember, E.Group)
     gc.collect()
     rss0 = rss_bytes()
     pool = ExperiencePool(args.k, storage=layout)
@@ -95,7 +134,7 @@ def run_layout(args: argparse.Namespace) -> dict:
     # ---- build
     q = 0
     step = 0
-    collect_s = 0.0
+    step_s: list[float] = []
     while len(pool) < args.trajectories:
         groups = []
         budget = args.trajectories - len(pool)
@@ -109,16 +148,21 @@ def run_layout(args: argparse.Namespace) -> dict:
         step += 1
         t = time.perf_counter()
         pool.collect(step, groups)
-        collect_s += time.perf_counter() - t
+        step_s.append(time.perf_counter() - t)
     gc.collect()
     tokens = pool.total_tokens
+    collect_s = sum(step_s)
+    step_ms = 1e3 * np.asarray(step_s[:-1] or step_s)  # the last step is a partial one
     out.update(
         trajectories=len(pool),
         questions=pool.num_questions,
         tokens=tokens,
         insert_traj_per_s=len(pool) / collect_s,
         insert_mtok_per_s=tokens / collect_s / 1e6,
-        collect_ms_per_step=1e3 * collect_s / step,
+        collect_mb_per_step=8 * tokens / step / 1e6,
+        collect_ms_median=float(np.median(step_ms)),
+        collect_ms_mean=float(step_ms.mean()),
+        collect_ms_p95=float(np.percentile(step_ms, 95)),
         memory_bytes=pool.memory_bytes(),
         bytes_per_token=pool.memory_bytes() / tokens,
         rss_growth_bytes=rss_bytes() - rss0,
@@ -175,6 +219,7 @@ def run_layout(args: argparse.Namespace) -> dict:
         gc.collect()
         out["churn_bytes_per_token"] = pool.memory_bytes() / pool.total_tokens
         out["churn_rss_bytes_per_token"] = (rss_bytes() - rss0) / pool.total_tokens
+    out["behaviour_digest"] = behaviour_digest(pool, args.k)
 
     # ---- save / load
     del cands, draw  # candidate views would keep the old pool's chunks alive through the load
@@ -184,7 +229,8 @@ def run_layout(args: argparse.Namespace) -> dict:
         for p in probe
     }
     n_entries, n_tokens = len(pool), pool.total_tokens
-    target_dir = os.path.join(args.workdir, f"pool-{layout}")
+    impl_tag = "before" if args.impl else "after"
+    target_dir = os.path.join(args.workdir, f"pool-{layout}-{impl_tag}")
     # First save into page cache the VM has never used (cold), then again after deleting it (warm): on some
     # VMs the first touch of fresh memory, page cache included, is an order of magnitude slower.
     t = time.perf_counter()
@@ -196,7 +242,7 @@ def run_layout(args: argparse.Namespace) -> dict:
     save_experience(target_dir, pool=pool, sampler=sampler, extra={"bench": True})
     out["save_warm_s"] = time.perf_counter() - t
     # The floor: a plain write + fsync of as many bytes from one warm 64 MB buffer.
-    raw = os.path.join(args.workdir, f"raw-{layout}.bin")
+    raw = os.path.join(args.workdir, f"raw-{layout}-{impl_tag}.bin")
     block = syn.ids[: 1 << 24]
     t = time.perf_counter()
     with open(raw, "wb") as f:
@@ -229,9 +275,12 @@ ROWS = [
     ("trajectories", "trajectories stored", "{:,.0f}"),
     ("questions", "questions with trajectories", "{:,.0f}"),
     ("tokens", "response tokens stored", "{:,.0f}"),
+    ("collect_ms_median", "collect of 128 groups: median ms  [< 5]", "{:.2f}"),
+    ("collect_ms_mean", "collect of 128 groups: mean ms", "{:.2f}"),
+    ("collect_ms_p95", "collect of 128 groups: p95 ms", "{:.2f}"),
+    ("collect_mb_per_step", "collect: MB of new tokens per step", "{:.2f}"),
     ("insert_traj_per_s", "insert: trajectories / s", "{:,.0f}"),
     ("insert_mtok_per_s", "insert: M tokens / s", "{:.1f}"),
-    ("collect_ms_per_step", "insert: ms per collect of 128 groups", "{:.1f}"),
     ("memory_bytes", "memory_bytes() held", "{:,.0f}"),
     ("bytes_per_token", "bytes / token (memory_bytes)  [<= 8.5]", "{:.3f}"),
     ("rss_bytes_per_token", "bytes / token (RSS growth)", "{:.3f}"),
@@ -250,6 +299,7 @@ ROWS = [
     ("load_s", "load s (file in page cache)", "{:.2f}"),
     ("file_bytes", "checkpoint bytes on disk", "{:,.0f}"),
     ("load_verified", "load verified (sizes + 50 questions' entries)", "{}"),
+    ("behaviour_digest", "behaviour digest (equal = same pool)", "{:.12}"),
     ("peak_rss_before_load_bytes", "peak RSS before the load, bytes", "{:,.0f}"),
     ("peak_rss_bytes", "peak RSS incl. load (mapped file pages count)", "{:,.0f}"),
 ]
@@ -267,10 +317,17 @@ def main() -> None:
     ap.add_argument("--draw-steps", type=int, default=500)
     ap.add_argument("--churn", type=float, default=0.1, help="share of questions retired, then refilled")
     ap.add_argument("--layouts", default="arena,per_entry")
+    ap.add_argument(
+        "--baseline",
+        default=BASELINE_REV,
+        help="git revision whose exgrpo package is measured as 'before' (default: before the component split); "
+        "'none' to measure this checkout only",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temp dir)")
     ap.add_argument("--keep-files", action="store_true")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--impl", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
@@ -278,45 +335,54 @@ def main() -> None:
         return
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="pool_scale-")
+    impls: list[tuple[str, str | None]] = [("after", None)]
+    if args.baseline != "none":
+        impls.insert(0, (f"before ({args.baseline[:7]})", extract_baseline(args.baseline, workdir)))
     results = []
     for layout in args.layouts.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
-        for name in (
-            "trajectories",
-            "mean_len",
-            "len_spread",
-            "k",
-            "batch",
-            "replay_ratio",
-            "groups_per_step",
-            "draw_steps",
-            "churn",
-            "seed",
-        ):
-            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-        if args.keep_files:
-            cmd.append("--keep-files")
-        print(f"[pool_scale] {layout}: building {args.trajectories:,} trajectories ...", flush=True)
-        proc = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        for tag, impl in impls:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
+            for name in (
+                "trajectories",
+                "mean_len",
+                "len_spread",
+                "k",
+                "batch",
+                "replay_ratio",
+                "groups_per_step",
+                "draw_steps",
+                "churn",
+                "seed",
+            ):
+                cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+            if impl:
+                cmd += ["--impl", impl]
+            if args.keep_files:
+                cmd.append("--keep-files")
+            print(f"[pool_scale] {layout}, {tag}: building {args.trajectories:,} trajectories ...", flush=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"[pool_scale] {layout}, {tag} failed:\n{proc.stderr[-3000:]}")
+            results.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "column": f"{layout} {tag}"})
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 
     print()
     print(
         f"python benchmarks/pool_scale.py --trajectories {args.trajectories} --mean-len {args.mean_len} "
-        f"--len-spread {args.len_spread}"
+        f"--len-spread {args.len_spread} --baseline {args.baseline}"
     )
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"numpy {np.__version__}"
     )
     width = max(len(r[1]) for r in ROWS)
-    print(f"| {'metric':<{width}} | " + " | ".join(f"{r['layout']:>16}" for r in results) + " |")
-    print(f"|{'-' * (width + 2)}|" + "|".join("-" * 18 for _ in results) + "|")
+    col = max(16, *(len(r["column"]) for r in results))
+    print(f"| {'metric':<{width}} | " + " | ".join(f"{r['column']:>{col}}" for r in results) + " |")
+    print(f"|{'-' * (width + 2)}|" + "|".join("-" * (col + 2) for _ in results) + "|")
     for key, label, fmt in ROWS:
         cells = [fmt.format(r[key]) if key in r else "-" for r in results]
-        print(f"| {label:<{width}} | " + " | ".join(f"{c:>16}" for c in cells) + " |")
+        print(f"| {label:<{width}} | " + " | ".join(f"{c:>{col}}" for c in cells) + " |")
 
 
 if __name__ == "__main__":

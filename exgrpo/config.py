@@ -154,7 +154,7 @@ class ExGRPOConfig:
     sigma: float | None = None
 
     # --- trajectory selection (§5)
-    #: entropy | nll | random | diversity (registry in exgrpo.experience.selection).
+    #: entropy | nll | random | diversity (registry in exgrpo.experience.trajectory_metrics).
     trajectory_metric: str = "entropy"
     #: 'min' (default: lowest-entropy trajectory) or 'max' (the highest-entropy ablation).
     trajectory_mode: str = "min"
@@ -291,9 +291,11 @@ class ExGRPOConfig:
         _check_choice(self.pool_storage, "pool_storage", POOL_STORAGE_CHOICES)
         _check_choice(self.resume_pool, "resume_pool", RESUME_POOL_CHOICES)
 
-        # Registries are consulted lazily so that a newly registered weighting/metric is accepted.
-        from exgrpo.experience.sampler import BUCKET_WEIGHTINGS
-        from exgrpo.experience.selection import TRAJECTORY_METRICS
+        # The registries are consulted here, at validation time, so that a newly registered weighting/metric is
+        # accepted. Their modules import nothing of the config (no import cycle); importing them here rather than at
+        # the top keeps ``import exgrpo.config`` light (the experience package brings torch and pyarrow).
+        from exgrpo.experience.trajectory_metrics import TRAJECTORY_METRICS
+        from exgrpo.experience.weightings import BUCKET_WEIGHTINGS
 
         _check_choice(self.weighting, "weighting", tuple(BUCKET_WEIGHTINGS))
         _check_float(self.mu, "mu", lo=0.0, hi=1.0, hint="accuracy units k/K")

@@ -107,7 +107,11 @@ def _install_crash_point(spec: str) -> None:
 
         return wrapped
 
-    if name == "replace":
+    if name == "write_arrow":  # every data file of the pool is written through files.write_arrow
+        from exgrpo.experience import files
+
+        files.write_arrow = wrap(files.write_arrow)
+    elif name == "replace":
         persistence.os.replace = wrap(os.replace)  # the os module itself: only this forked process uses it
     elif name == "write_bytes":
         import pathlib

@@ -149,6 +149,19 @@ class EvalConfig:
             max_rows=self.max_rows,
         )
 
+    def build_backend(self) -> GenerationBackend:
+        """The generation backend this run asks for (on this process's devices)."""
+        return build_backend(
+            self.backend,
+            self.model,
+            self.sampling,
+            device=self.device,
+            dtype=self.dtype,
+            tensor_parallel_size=self.tensor_parallel_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["data"] = [str(pathlib.Path(p).resolve()) for p in self.data]
@@ -196,16 +209,7 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
 
             meta = _run_metadata(cfg, backend=_TokenizerOnly(AutoTokenizer.from_pretrained(cfg.model)))
         elif backend is None:
-            backend = build_backend(
-                cfg.backend,
-                cfg.model,
-                cfg.sampling,
-                device=cfg.device,
-                dtype=cfg.dtype,
-                tensor_parallel_size=cfg.tensor_parallel_size,
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                max_model_len=cfg.max_model_len,
-            )
+            backend = cfg.build_backend()
             meta = _run_metadata(cfg, backend=backend)
         else:
             meta = _run_metadata(cfg, backend=backend)

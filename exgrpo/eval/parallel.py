@@ -228,7 +228,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 def replica_main(spec_file: str) -> int:
     """One replica: build the backend on this process's GPUs and generate the spec's share into its shards."""
     from exgrpo.eval.cli import DEFAULT_BATCH_SIZE, EvalConfig
-    from exgrpo.eval.generate import build_backend, generate_to_jsonl
+    from exgrpo.eval.generate import generate_to_jsonl
 
     spec = ReplicaSpec.from_json(pathlib.Path(spec_file).read_text(encoding="utf-8"))
     cfg = EvalConfig.from_dict(spec.config)
@@ -238,16 +238,7 @@ def replica_main(spec_file: str) -> int:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "generated": {},
     }
-    backend = build_backend(
-        cfg.backend,
-        cfg.model,
-        cfg.sampling,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        tensor_parallel_size=cfg.tensor_parallel_size,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        max_model_len=cfg.max_model_len,
-    )
+    backend = cfg.build_backend()
     for data, work in spec.work.items():
         rows = [r for r in cfg.load_rows(data) if r.row in work]
         store = GenerationStore.open(spec.shards[data], spec.fingerprints[data])

@@ -1,8 +1,12 @@
 """Experience management of ExGRPO (docs/algorithm.md §2-5): pool, bucket sampler, trajectory selection, persistence.
 
-Framework-free: plain objects and functions that the verl adapter (``recipe/exgrpo``) wires in.
+Framework-free: plain objects and functions that the verl adapter (``recipe/exgrpo``) wires in. The pool is made
+of components (entry table, token storage, bucket index, collection rules); docs/experience.md has the table.
 """
 
+from exgrpo.experience.arena import ArenaStorage
+from exgrpo.experience.buckets import BucketIndex
+from exgrpo.experience.entries import EntryTable
 from exgrpo.experience.persistence import (
     SCHEMA_VERSION,
     PoolCheckpointError,
@@ -10,16 +14,8 @@ from exgrpo.experience.persistence import (
     load_experience,
     save_experience,
 )
-from exgrpo.experience.pool import (
-    BucketIndex,
-    Candidate,
-    CollectStats,
-    ExperiencePool,
-    Group,
-    GroupMember,
-    QuestionId,
-    is_success,
-)
+from exgrpo.experience.pool import ExperiencePool
+from exgrpo.experience.records import Candidate, CollectStats, Group, GroupMember, QuestionId, is_success
 from exgrpo.experience.sampler import (
     BUCKET_WEIGHTINGS,
     BucketSampler,
@@ -42,25 +38,32 @@ from exgrpo.experience.selection import (
     selection_metrics,
     trajectory_scores,
 )
+from exgrpo.experience.storage import PerEntryStorage, TokenStorage
+from exgrpo.experience.writer import CollectionRules
 
 __all__ = [
     "BUCKET_WEIGHTINGS",
     "SCHEMA_VERSION",
     "TRAJECTORY_METRICS",
+    "ArenaStorage",
     "BucketIndex",
     "BucketSampler",
     "Candidate",
     "CandidateTokenStats",
     "CollectStats",
+    "CollectionRules",
+    "EntryTable",
     "ExperiencePool",
     "Group",
     "GroupMember",
     "MetricContext",
+    "PerEntryStorage",
     "PoolCheckpointError",
     "QuestionId",
     "ReplayDraw",
     "ScoreProvider",
     "SelectedTrajectory",
+    "TokenStorage",
     "TrajectorySelector",
     "bucket_probabilities",
     "experience_exists",

@@ -34,14 +34,11 @@ import shutil
 import tempfile
 import time
 import uuid
-import zlib
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
-from exgrpo.experience.pool import _COLUMNS, _DEFAULT_CHUNK_TOKENS, ExperiencePool
+from exgrpo.experience.files import PoolCheckpointError
+from exgrpo.experience.pool import DATA_FILES, ExperiencePool
+from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS
 
 __all__ = [
     "FORMAT",
@@ -58,12 +55,6 @@ FORMAT = "exgrpo-experience"
 # 2: the header carries a SHA-256 of itself; data files are checksummed whole (1: per-batch CRCs, header bare).
 SCHEMA_VERSION = 2
 HEADER = "header.json"
-ENTRIES = "entries.arrow"
-TOKENS = "tokens.arrow"
-DATA_FILES = (ENTRIES, TOKENS)
-
-_TOKEN_SCHEMA = pa.schema([("token_ids", pa.int32()), ("behaviour_log_probs", pa.float32())])
-_ENTRY_SCHEMA = pa.schema([(name, pa.from_numpy_dtype(np.dtype(dt))) for name, dt in _COLUMNS.items()])
 
 # header.json is the header's JSON object with one last key, "sha256": the SHA-256 (64 hex digits) of the exact
 # bytes of that object written without it. Readers see the usual keys; the checksum covers every other byte.
@@ -71,10 +62,6 @@ _HEADER_SUM_KEY = b', "sha256": "'
 _HEADER_END = b'"}\n'
 _HEADER_TRAILER = len(_HEADER_SUM_KEY) + 64 + len(_HEADER_END)
 _HEADER_MAX_BYTES = 1 << 30  # far above any real header (the question table of 10^6 questions is ~50 MB)
-
-
-class PoolCheckpointError(RuntimeError):
-    """A saved experience directory is missing, truncated, corrupt or incompatible; names the file."""
 
 
 def experience_exists(directory: str | os.PathLike[str]) -> bool:
@@ -101,47 +88,6 @@ def _fsync_path(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-class _ChecksumSink:
-    """A write-only file object for ``pa.PythonFile`` that CRC-32s every byte on its way to ``raw``."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-        self.crc = 0
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
-        self.size += view.nbytes
-        return self.raw.write(view)
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-    def tell(self) -> int:
-        return self.size
-
-    def close(self) -> None:  # the caller closes ``raw``
-        pass
-
-    @property
-    def closed(self) -> bool:
-        return self.raw.closed
-
-    def writable(self) -> bool:
-        return True
-
-
-def _write_arrow(path: pathlib.Path, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
-    """Write an Arrow IPC file; returns (bytes, CRC-32 of the whole file)."""
-    with open(path, "wb") as raw:
-        sink = _ChecksumSink(raw)
-        with pa.PythonFile(sink, mode="w") as f, pa.ipc.new_file(f, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-    return sink.size, sink.crc
-
-
 def _encode_header(header: dict[str, Any]) -> bytes:
     body = json.dumps(header, allow_nan=False).encode("utf-8")  # a non-empty object: ends with "}"
     digest = hashlib.sha256(body).hexdigest().encode("ascii")
@@ -162,7 +108,7 @@ def save_experience(
     selector: Any | None = None,
     schedule: Any | None = None,
     extra: dict[str, Any] | None = None,
-    batch_tokens: int = _DEFAULT_CHUNK_TOKENS,
+    batch_tokens: int = DEFAULT_CHUNK_TOKENS,
     fsync: bool = True,
 ) -> pathlib.Path:
     """Write the pool and the given components' ``state_dict()`` atomically to ``directory``.
@@ -188,31 +134,12 @@ def save_experience(
     _remove_leftovers(target, ("tmp", "old") if target.exists() else ("tmp",))
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        meta, entries, ranges, order = pool._export(batch_tokens)
-        header["pool"] = meta
-        entry_batch = pa.record_batch([pa.array(entries[name]) for name in _COLUMNS], schema=_ENTRY_SCHEMA)
-        e_bytes, e_crc = _write_arrow(tmp / ENTRIES, _ENTRY_SCHEMA, iter([entry_batch]))
-        del entry_batch
-        # tokens.arrow, streamed batch by batch (one batch of copies in memory at a time)
-        # One pair of batch buffers is reused for every batch: the writer has copied a batch out before the
-        # next one is gathered, and fresh memory is what makes a multi-GB save slow.
-        batch_info: list[dict[str, Any]] = []
-        buf = (np.empty(batch_tokens, dtype=np.int32), np.empty(batch_tokens, dtype=np.float32))
-
-        def token_batches() -> Iterator[pa.RecordBatch]:
-            for start, stop in ranges:
-                ids, lps = pool._batch_tokens(order, start, stop, out=buf)
-                batch_info.append({"rows": [start, stop], "tokens": int(ids.shape[0])})
-                yield pa.record_batch([pa.array(ids), pa.array(lps)], schema=_TOKEN_SCHEMA)
-
-        t_bytes, t_crc = _write_arrow(tmp / TOKENS, _TOKEN_SCHEMA, token_batches())
-        header["files"] = {
-            ENTRIES: {"bytes": e_bytes, "crc32": e_crc, "rows": int(entries["entry_id"].shape[0])},
-            TOKENS: {"bytes": t_bytes, "crc32": t_crc, "batches": batch_info},
-        }
+        # The pool writes the files its parts own (entries.arrow, tokens.arrow: streamed batch by batch, one
+        # batch of copies in memory at a time) and returns its JSON state and each file's size and CRC-32.
+        header["pool"], header["files"] = pool.dump(tmp, batch_tokens=batch_tokens)
         (tmp / HEADER).write_bytes(_encode_header(header))
         if fsync:
-            for name in (*DATA_FILES, HEADER):
+            for name in (*header["files"], HEADER):
                 _fsync_path(tmp / name)
             _fsync_path(tmp)
         if target.exists():
@@ -282,43 +209,6 @@ def _read_header(path: pathlib.Path) -> dict[str, Any]:
     return header
 
 
-def _map_verified(path: pathlib.Path, info: Any) -> tuple[pa.MemoryMappedFile, pa.Buffer]:
-    """Memory-map a data file and check its size and whole-file CRC-32 against the header's record. The
-    caller closes the map; Arrow then reads batches zero-copy from it, copied once into the pool's arrays."""
-    if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("crc32"), int):
-        raise PoolCheckpointError(f"{path}: the header's record of this file is malformed")
-    if not path.is_file():
-        raise PoolCheckpointError(f"{path}: missing")
-    size = path.stat().st_size
-    if size != info["bytes"]:
-        raise PoolCheckpointError(
-            f"{path}: truncated or modified: the header records {info['bytes']} bytes, found {size}"
-        )
-    source = None
-    try:
-        source = pa.memory_map(str(path), "r")
-        buf = source.read_buffer()
-        crc = zlib.crc32(memoryview(buf))
-    except (pa.ArrowException, OSError, ValueError) as e:
-        if source is not None:
-            source.close()
-        raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
-    if crc != info["crc32"]:
-        source.close()
-        raise PoolCheckpointError(f"{path}: checksum mismatch (corrupt file)")
-    return source, buf
-
-
-def _open_ipc(path: pathlib.Path, buf: pa.Buffer, schema: pa.Schema) -> pa.ipc.RecordBatchFileReader:
-    try:
-        reader = pa.ipc.open_file(buf)
-    except (pa.ArrowException, OSError) as e:
-        raise PoolCheckpointError(f"{path}: not a readable Arrow IPC file: {e}") from e
-    if not reader.schema.equals(schema):
-        raise PoolCheckpointError(f"{path}: unexpected columns {reader.schema.names}, expected {schema.names}")
-    return reader
-
-
 def _resolve(directory: pathlib.Path) -> pathlib.Path:
     """``directory``, or when it is missing the newest complete ``.NAME.old-*`` an interrupted overwrite left."""
     if directory.is_dir():
@@ -368,60 +258,14 @@ def load_experience(
             f"{hpath}: the saved pool has K={meta.get('k')} but this run has K={pool.k} "
             "(buckets are success counts out of K; they cannot be converted)"
         )
-    tinfo = files.get(TOKENS)
-    einfo = files.get(ENTRIES)
-    try:
-        batch_info = [(int(b["rows"][0]), int(b["rows"][1]), int(b["tokens"])) for b in tinfo["batches"]]
-        n_rows = int(einfo["rows"])
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise PoolCheckpointError(f"{hpath}: malformed file table: {type(e).__name__}: {e}") from e
-
-    # entries.arrow
-    epath = d / ENTRIES
-    source, buf = _map_verified(epath, einfo)
-    with source:
-        reader = _open_ipc(epath, buf, _ENTRY_SCHEMA)
-        try:
-            table = reader.read_all()
-            entries = {name: table.column(name).to_numpy().copy() for name in _COLUMNS}
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise PoolCheckpointError(f"{epath}: unreadable: {e}") from e
-        del table, reader, buf
-    if entries["entry_id"].shape[0] != n_rows:
-        raise PoolCheckpointError(f"{epath}: holds {entries['entry_id'].shape[0]} rows, the header records {n_rows}")
-
-    # tokens.arrow, batch by batch
-    tpath = d / TOKENS
-    tsource, tbuf = _map_verified(tpath, tinfo)
-    with tsource:  # the stores copy every batch, so no view into the map outlives it
-        treader = _open_ipc(tpath, tbuf, _TOKEN_SCHEMA)
-        if treader.num_record_batches != len(batch_info):
-            raise PoolCheckpointError(
-                f"{tpath}: holds {treader.num_record_batches} record batches, the header records {len(batch_info)}"
-            )
-
-        def token_batches() -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-            for i, (start, stop, n_tokens) in enumerate(batch_info):
-                try:
-                    rb = treader.get_batch(i)
-                    ids = rb.column(0).to_numpy(zero_copy_only=True)
-                    lps = rb.column(1).to_numpy(zero_copy_only=True)
-                except (pa.ArrowException, OSError, ValueError) as e:
-                    raise PoolCheckpointError(f"{tpath}: record batch {i} unreadable: {e}") from e
-                if ids.shape[0] != n_tokens:
-                    raise PoolCheckpointError(
-                        f"{tpath}: record batch {i} holds {ids.shape[0]} tokens, the header records {n_tokens}"
-                    )
-                yield start, stop, ids, lps
-
-        try:
-            pool._import(meta, entries, token_batches())
-        except PoolCheckpointError:
-            raise
-        except Exception as e:  # whatever a consistent-looking but wrong header trips over (a duplicated id ...)
-            raise PoolCheckpointError(
-                f"{hpath}: inconsistent with {ENTRIES} / {TOKENS} of {d}: {type(e).__name__}: {e}"
-            ) from e
+    try:  # every file is verified against its checksum before it is parsed (PoolCheckpointError naming it)
+        pool.load(d, meta, files)
+    except PoolCheckpointError:
+        raise
+    except Exception as e:  # whatever a consistent-looking but wrong header trips over (a duplicated id ...)
+        raise PoolCheckpointError(
+            f"{hpath}: inconsistent with {' / '.join(DATA_FILES)} of {d}: {type(e).__name__}: {e}"
+        ) from e
 
     for name, comp in (("sampler", sampler), ("selector", selector), ("schedule", schedule)):
         if comp is None:

@@ -7,108 +7,41 @@ the excess is re-assigned one at a time to buckets with room, in proportion to t
 questions are drawn uniformly without replacement. The ``uniform`` weighting (the "w/o question selection"
 ablation) is uniform over all valid questions instead, not over buckets.
 
-Weightings are registered with :func:`register_bucket_weighting`, like verl's ``register_policy_loss``: adding
-one is one decorated function, and the config accepts its name.
+Weightings are registered with :func:`register_bucket_weighting` (registry and built-ins in
+``exgrpo.experience.weightings``), like verl's ``register_policy_loss``: adding one is one decorated function, and
+the config accepts its name.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo.experience.pool import ExperiencePool, QuestionId
+from exgrpo.experience.records import QuestionId
+from exgrpo.experience.rng import rng_state, set_rng_state
+from exgrpo.experience.weightings import (
+    BUCKET_WEIGHTINGS,
+    bucket_probabilities,
+    get_bucket_weighting,
+    is_per_question,
+    register_bucket_weighting,
+)
 
 if TYPE_CHECKING:
     from exgrpo.config import ExGRPOConfig
+    from exgrpo.experience.pool import ExperiencePool
 
 __all__ = [
-    "BUCKET_WEIGHTINGS",
+    "BUCKET_WEIGHTINGS",  # the registry lives in exgrpo.experience.weightings; re-exported here
     "BucketSampler",
     "ReplayDraw",
     "bucket_probabilities",
     "get_bucket_weighting",
     "register_bucket_weighting",
 ]
-
-#: (buckets k as floats, K, mu, sigma) -> non-negative weights, one per bucket. mu/sigma in accuracy units.
-BucketWeighting = Callable[[np.ndarray, int, float, float], np.ndarray]
-
-BUCKET_WEIGHTINGS: dict[str, BucketWeighting] = {}
-#: Weightings that are uniform over questions rather than a distribution over buckets.
-PER_QUESTION_WEIGHTINGS: set[str] = set()
-
-
-def register_bucket_weighting(name: str, *, per_question: bool = False) -> Callable[[BucketWeighting], BucketWeighting]:
-    """Register a bucket weighting under ``name`` (``exgrpo.sampler.weighting``)."""
-
-    def decorator(fn: BucketWeighting) -> BucketWeighting:
-        if name in BUCKET_WEIGHTINGS:
-            raise ValueError(f"bucket weighting {name!r} is already registered")
-        BUCKET_WEIGHTINGS[name] = fn
-        if per_question:
-            PER_QUESTION_WEIGHTINGS.add(name)
-        return fn
-
-    return decorator
-
-
-def get_bucket_weighting(name: str) -> BucketWeighting:
-    try:
-        return BUCKET_WEIGHTINGS[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(BUCKET_WEIGHTINGS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown bucket weighting {name!r}; registered: {sorted(BUCKET_WEIGHTINGS)}{hint}") from None
-
-
-@register_bucket_weighting("normal")
-def normal_weighting(buckets: np.ndarray, k: int, mu: float, sigma: float) -> np.ndarray:
-    """Gaussian on accuracy k/K: exp(-(k/K - mu)^2 / (2 sigma^2)) (the released default with sigma = 1/K)."""
-    log_w = -((buckets / k - mu) ** 2) / (2.0 * sigma**2)
-    return np.exp(log_w - log_w.max())  # shifted: only ratios matter, and a tiny sigma must not underflow to 0/0
-
-
-@register_bucket_weighting("linear")
-def linear_weighting(buckets: np.ndarray, k: int, mu: float, sigma: float) -> np.ndarray:
-    return buckets / k
-
-
-@register_bucket_weighting("sqrt")
-def sqrt_weighting(buckets: np.ndarray, k: int, mu: float, sigma: float) -> np.ndarray:
-    return np.sqrt(buckets / k)
-
-
-@register_bucket_weighting("linear_clip")
-def linear_clip_weighting(buckets: np.ndarray, k: int, mu: float, sigma: float) -> np.ndarray:
-    """k/K up to K/2, then 0.5."""
-    return np.minimum(buckets / k, 0.5)
-
-
-@register_bucket_weighting("uniform", per_question=True)
-def uniform_weighting(buckets: np.ndarray, k: int, mu: float, sigma: float) -> np.ndarray:
-    """Uniform over valid questions (the draw treats it per question; these bucket weights are for display)."""
-    return np.ones_like(buckets, dtype=np.float64)
-
-
-def bucket_probabilities(
-    buckets: Sequence[int], k: int, weighting: str = "normal", mu: float = 0.5, sigma: float | None = None
-) -> np.ndarray:
-    """p_k = w_k / sum_j w_j over the given (non-empty, sampleable) buckets; sigma None means 1/K."""
-    b = np.asarray(buckets, dtype=np.float64)
-    if b.size == 0:
-        return np.zeros(0)
-    w = np.asarray(get_bucket_weighting(weighting)(b, k, mu, 1.0 / k if sigma is None else sigma), dtype=np.float64)
-    if w.shape != b.shape or np.any(w < 0) or not np.all(np.isfinite(w)):
-        raise ValueError(f"bucket weighting {weighting!r} returned invalid weights {w} for buckets {list(buckets)}")
-    total = w.sum()
-    if total <= 0:  # every weight zero: fall back to uniform over the buckets rather than fail the step
-        return np.full(b.shape, 1.0 / b.size)
-    return w / total
 
 
 @dataclass
@@ -192,7 +125,7 @@ class BucketSampler:
         draw.bucket_probabilities = {b: float(pk) for b, pk in zip(ks, p, strict=True)}
         av = avail[nonempty]
 
-        if self.weighting in PER_QUESTION_WEIGHTINGS:
+        if is_per_question(self.weighting):
             # Uniform over all valid questions: one draw over the concatenation of the buckets.
             flat = self.rng.choice(num_valid, size=n, replace=False)
             bounds = np.cumsum(av)
@@ -247,34 +180,7 @@ class BucketSampler:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _rng_state(self.rng)}
+        return {"rng": rng_state(self.rng)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _set_rng_state(self.rng, state["rng"])
-
-
-def _rng_state(rng: np.random.Generator) -> dict[str, Any]:
-    """The bit generator's state as plain JSON-serialisable Python values."""
-    return _plain(rng.bit_generator.state)
-
-
-def _set_rng_state(rng: np.random.Generator, state: dict[str, Any]) -> None:
-    name = type(rng.bit_generator).__name__
-    if state.get("bit_generator") != name:
-        raise ValueError(f"RNG state is for {state.get('bit_generator')!r}, expected {name!r}")
-    rng.bit_generator.state = state
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        f = float(x)
-        return f if math.isfinite(f) else str(f)
-    return x
+        set_rng_state(self.rng, state["rng"])

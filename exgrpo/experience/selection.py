@@ -5,7 +5,8 @@ its mean token entropy H(o) = (1/|o|) sum_t H_t. The per-trajectory score comes 
 :func:`trajectory_scores`, a masked mean per row over the response tokens only (the released code averaged
 over another row's pad positions, which favours short trajectories; that bug is not reproduced).
 
-Metrics are registered with :func:`register_trajectory_metric`. A metric gets the candidate lists of the drawn
+Metrics are registered with :func:`register_trajectory_metric` (registry and built-ins in
+``exgrpo.experience.trajectory_metrics``). A metric gets the candidate lists of the drawn
 questions and a :class:`MetricContext` (the score provider, the seeded RNG, the n-gram size) and returns one
 score array per question; :class:`TrajectorySelector` then takes the argmin (``mode='min'``) or argmax.
 
@@ -19,22 +20,30 @@ candidate with :func:`trajectory_scores`. Inside the selector a metric sees a *s
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from exgrpo.experience.pool import Candidate, QuestionId
-from exgrpo.experience.sampler import _rng_state, _set_rng_state
+from exgrpo.experience.records import Candidate, QuestionId
+from exgrpo.experience.rng import rng_state, set_rng_state
+from exgrpo.experience.trajectory_metrics import (
+    TRAJECTORY_METRICS,
+    MetricContext,
+    ScoreProvider,
+    get_trajectory_metric,
+    needs_scores,
+    ngram_overlap_scores,
+    register_trajectory_metric,
+)
 
 if TYPE_CHECKING:
     from exgrpo.config import ExGRPOConfig
 
 __all__ = [
-    "TRAJECTORY_METRICS",
+    "TRAJECTORY_METRICS",  # the registry lives in exgrpo.experience.trajectory_metrics; re-exported here
     "CandidateTokenStats",
     "MetricContext",
     "ScoreProvider",
@@ -47,44 +56,6 @@ __all__ = [
     "selection_metrics",
     "trajectory_scores",
 ]
-
-ScoreProvider = Callable[[Sequence[Candidate], str], Any]
-
-
-@dataclass
-class MetricContext:
-    score_provider: ScoreProvider | None
-    rng: np.random.Generator
-    ngram: int = 4
-
-
-#: (candidate lists, one per drawn question; context) -> one score array per question.
-TrajectoryMetric = Callable[[Sequence[Sequence[Candidate]], MetricContext], list[np.ndarray]]
-
-TRAJECTORY_METRICS: dict[str, TrajectoryMetric] = {}
-
-
-def register_trajectory_metric(name: str) -> Callable[[TrajectoryMetric], TrajectoryMetric]:
-    """Register a trajectory metric under ``name`` (``exgrpo.selection.metric``)."""
-
-    def decorator(fn: TrajectoryMetric) -> TrajectoryMetric:
-        if name in TRAJECTORY_METRICS:
-            raise ValueError(f"trajectory metric {name!r} is already registered")
-        TRAJECTORY_METRICS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_trajectory_metric(name: str) -> TrajectoryMetric:
-    try:
-        return TRAJECTORY_METRICS[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(TRAJECTORY_METRICS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown trajectory metric {name!r}; registered: {sorted(TRAJECTORY_METRICS)}{hint}"
-        ) from None
 
 
 # ---------------------------------------------------------------------------------------------- score helpers
@@ -167,77 +138,6 @@ class CandidateTokenStats:
         return provide
 
 
-def _split(scores: Any, groups: Sequence[Sequence[Candidate]], what: str) -> list[np.ndarray]:
-    if isinstance(scores, torch.Tensor):
-        scores = scores.detach().to(torch.float64).cpu().numpy()
-    flat = np.asarray(scores, dtype=np.float64).reshape(-1)
-    total = sum(len(g) for g in groups)
-    if flat.shape[0] != total:
-        raise ValueError(f"the score provider returned {flat.shape[0]} {what} scores for {total} candidates")
-    out, off = [], 0
-    for g in groups:
-        out.append(flat[off : off + len(g)])
-        off += len(g)
-    return out
-
-
-def _provided(quantity: str) -> TrajectoryMetric:
-    def metric(groups: Sequence[Sequence[Candidate]], ctx: MetricContext) -> list[np.ndarray]:
-        if ctx.score_provider is None:
-            raise ValueError(f"trajectory metric {quantity!r} needs a score provider (the current policy's pass)")
-        flat = [c for g in groups for c in g]
-        return _split(ctx.score_provider(flat, quantity), groups, quantity)
-
-    metric.__name__ = f"{quantity}_metric"
-    metric.__doc__ = f"Mean token {quantity} of each candidate under the current policy (from the provider)."
-    return metric
-
-
-register_trajectory_metric("entropy")(_provided("entropy"))
-register_trajectory_metric("nll")(_provided("nll"))
-
-
-@register_trajectory_metric("random")
-def random_metric(groups: Sequence[Sequence[Candidate]], ctx: MetricContext) -> list[np.ndarray]:
-    """Uniform random scores from the selector's seeded RNG (the "w/o trajectory selection" ablation)."""
-    return [ctx.rng.random(len(g)) for g in groups]
-
-
-@register_trajectory_metric("diversity")
-def diversity_metric(groups: Sequence[Sequence[Candidate]], ctx: MetricContext) -> list[np.ndarray]:
-    """Mean token n-gram Jaccard overlap with the question's other candidates (mode 'min' = most distinct)."""
-    return [ngram_overlap_scores([c.token_ids for c in g], ctx.ngram) for g in groups]
-
-
-def _ngram_codes(ids: np.ndarray, n: int) -> np.ndarray:
-    """Unique 64-bit codes of the token n-grams (polynomial hash; collisions are negligible here)."""
-    x = np.asarray(ids, dtype=np.uint64)
-    if x.shape[0] < n:  # shorter than one n-gram: the whole sequence is its only "n-gram"
-        n = max(1, x.shape[0])
-    windows = np.lib.stride_tricks.sliding_window_view(x, n)
-    powers = np.full(n, 1_000_003, dtype=np.uint64) ** np.arange(n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        codes = (windows * powers).sum(axis=1, dtype=np.uint64) + np.uint64(n)
-    return np.unique(codes)
-
-
-def ngram_overlap_scores(sequences: Sequence[np.ndarray], n: int = 4) -> np.ndarray:
-    """For each sequence, its mean Jaccard overlap of n-gram sets with the other sequences (0 if alone)."""
-    sets = [_ngram_codes(s, n) for s in sequences]
-    m = len(sets)
-    scores = np.zeros(m, dtype=np.float64)
-    if m < 2:
-        return scores
-    for i in range(m):
-        for j in range(i + 1, m):
-            inter = np.intersect1d(sets[i], sets[j], assume_unique=True).shape[0]
-            union = sets[i].shape[0] + sets[j].shape[0] - inter
-            jac = inter / union if union else 0.0
-            scores[i] += jac
-            scores[j] += jac
-    return scores / (m - 1)
-
-
 # ---------------------------------------------------------------------------------------------- selector
 @dataclass(frozen=True)
 class SelectedTrajectory:
@@ -290,7 +190,7 @@ class TrajectorySelector:
     @property
     def needs_scores(self) -> bool:
         """Whether :meth:`select` will call the score provider (i.e. the trainer must run the model pass)."""
-        return self.metric in ("entropy", "nll")
+        return needs_scores(self.metric)
 
     def select(
         self, groups: Sequence[Sequence[Candidate]], score_provider: ScoreProvider | None = None
@@ -325,10 +225,10 @@ class TrajectorySelector:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _rng_state(self.rng)}
+        return {"rng": rng_state(self.rng)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _set_rng_state(self.rng, state["rng"])
+        set_rng_state(self.rng, state["rng"])
 
 
 def selection_metrics(selected: Sequence[SelectedTrajectory], prefix: str = "selection/") -> dict[str, float]:

@@ -182,7 +182,7 @@ def test_a_newly_registered_weighting_is_accepted():
     try:
         assert ExGRPOConfig.from_dict({"weighting": name}, k=8).weighting == name
     finally:
-        del sampler_mod.BUCKET_WEIGHTINGS[name]
+        sampler_mod.BUCKET_WEIGHTINGS.unregister(name)
     with pytest.raises(ConfigError):
         ExGRPOConfig.from_dict({"weighting": name}, k=8)
 

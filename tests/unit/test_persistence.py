@@ -14,6 +14,7 @@ from exgrpo.experience import (
     Group,
     GroupMember,
     PoolCheckpointError,
+    TokenStorage,
     TrajectorySelector,
     experience_exists,
     load_experience,
@@ -151,7 +152,7 @@ def test_round_trip_contents_multi_batch(tmp_path):
     assert load_experience(out, pool=fresh) == {}
     assert snapshot(fresh) == snapshot(pool)
     assert list(fresh.retired) == list(pool.retired) and fresh.counters == pool.counters
-    assert fresh.buckets.state() == pool.buckets.state()
+    assert fresh.buckets.state_dict() == pool.buckets.state_dict()
     for q in pool.question_ids():
         assert [(c.entry_id, c.step, c.reward) for c in fresh.entries(q)] == [
             (c.entry_id, c.step, c.reward) for c in pool.entries(q)
@@ -193,7 +194,7 @@ def test_save_replaces_atomically_and_failure_keeps_previous(tmp_path, monkeypat
     def boom(*args, **kwargs):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(ExperiencePool, "_batch_tokens", boom)
+    monkeypatch.setattr(TokenStorage, "gather", boom)
     bigger = ExperiencePool(K)
     bigger.add("x", [1, 2, 3], [0.0, 0.0, 0.0])
     with pytest.raises(OSError, match="simulated"):
@@ -288,14 +289,14 @@ def test_save_time_hook_is_streaming(tmp_path, monkeypatch):
     """The tokens are written batch by batch: never the whole pool concatenated at once."""
     pool, *_ = _filled()
     seen = []
-    real = ExperiencePool._batch_tokens
+    real = TokenStorage.gather
 
-    def spy(self, order, start, stop, out=None):
-        ids, lps = real(self, order, start, stop, out=out)
+    def spy(self, slots, out=None):
+        ids, lps = real(self, slots, out=out)
         seen.append(ids.shape[0])
         return ids, lps
 
-    monkeypatch.setattr(ExperiencePool, "_batch_tokens", spy)
+    monkeypatch.setattr(TokenStorage, "gather", spy)
     save_experience(tmp_path / "s", pool=pool, batch_tokens=64, fsync=False)
     assert len(seen) > 5 and max(seen) <= 64 + 25 and sum(seen) == pool.total_tokens
     assert persistence_mod.SCHEMA_VERSION == 2

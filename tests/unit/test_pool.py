@@ -264,13 +264,13 @@ def test_arena_compaction_keeps_data_intact_and_memory_tight():
         c = pool.get(q, eid)
         np.testing.assert_array_equal(c.token_ids, ids)
         np.testing.assert_allclose(c.behaviour_log_probs, -ids / 1000, rtol=1e-6)
-    store = pool._store
-    held = sum(a.shape[0] for a in store._ids if a is not None)
+    usage = pool.token_storage.chunk_usage()  # per chunk index: (capacity, used, live); a released one (0, 0, 0)
+    held = sum(capacity for capacity, _, _ in usage)
     # every chunk's holes stay below 1/32 of it; what remains is free tail space in partly filled chunks
-    for c, a in enumerate(store._ids):
-        if a is not None:
-            assert store._used[c] - store._live[c] <= a.shape[0] // 32
-    assert held < pool.total_tokens + 256 * (1 + len(store._ids))
+    for capacity, used, live in usage:
+        if capacity:
+            assert used - live <= capacity // 32
+    assert held < pool.total_tokens + 256 * (1 + len(usage))
 
 
 def test_layouts_behave_identically():
@@ -285,7 +285,7 @@ def test_layouts_behave_identically():
         stats = [p.collect(step, groups) for p in pools]
         assert stats[0] == stats[1]
     a, b = pools
-    assert a.stats()["pool/tokens"] == b.stats()["pool/tokens"] and a.buckets.state() == b.buckets.state()
+    assert a.stats()["pool/tokens"] == b.stats()["pool/tokens"] and a.buckets.state_dict() == b.buckets.state_dict()
     for q in a.question_ids():
         assert [c.token_ids.tolist() for c in a.entries(q)] == [c.token_ids.tolist() for c in b.entries(q)]
 
@@ -293,4 +293,5 @@ def test_layouts_behave_identically():
 def test_from_config():
     cfg = ExGRPOConfig.from_dict({"bucket_lbound": 1, "zero_success": "keep", "pool_storage": "per_entry"}, k=4)
     pool = ExperiencePool.from_config(cfg)
-    assert (pool.k, pool.lbound, pool.rbound, pool.zero_success, pool.storage) == (4, 1, 3, "keep", "per_entry")
+    settings = (pool.k, pool.writer.lbound, pool.writer.rbound, pool.writer.zero_success, pool.storage)
+    assert settings == (4, 1, 3, "keep", "per_entry")

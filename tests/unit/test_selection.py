@@ -149,7 +149,7 @@ def test_registry_custom_metric_and_errors():
         with pytest.raises(ValueError, match="already registered"):
             register_trajectory_metric("test_length")(length_metric)
     finally:
-        del TRAJECTORY_METRICS["test_length"]
+        TRAJECTORY_METRICS.unregister("test_length")
     with pytest.raises(ValueError, match="did you mean 'entropy'"):
         get_trajectory_metric("entropi")
     with pytest.raises(ValueError, match="mode"):
