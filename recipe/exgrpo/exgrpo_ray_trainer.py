@@ -69,6 +69,35 @@ def replay_group_metrics(batch: DataProto) -> dict[str, float]:
     }
 
 
+def rollout_actor_agreement(batch: DataProto) -> dict[str, float]:
+    """How closely the rollout's sampling log-probs match the actor's recomputed old log-probs, on fresh rows.
+
+    Both come from the same weights when the weight sync works, so the gap is numerical noise (|Δ| ~1e-6 on
+    CPU float32); stale rollout weights show up as a gap of the size of one update. Replayed rows are left out:
+    their "rollout" log-probs are the stored behaviour log-probs of a past policy.
+    """
+    if "rollout_log_probs" not in batch.batch.keys() or "old_log_probs" not in batch.batch.keys():
+        return {}
+    mask = batch.batch["response_mask"].bool()
+    if IS_REPLAY_KEY in batch.batch.keys():
+        mask = mask & ~batch.batch[IS_REPLAY_KEY].bool().unsqueeze(-1)
+    if not bool(mask.any()):
+        return {}
+    rollout = batch.batch["rollout_log_probs"].float()[mask]
+    actor = batch.batch["old_log_probs"].float()[mask]
+    diff = (rollout - actor).abs()
+    return {
+        "exgrpo/rollout_actor_log_prob_diff_mean": float(diff.mean()),
+        "exgrpo/rollout_actor_log_prob_diff_max": float(diff.max()),
+    }
+
+
+def sampled_pass_rate(scores: np.ndarray, batch: DataProto) -> float:
+    """Pass rate of the responses generated this step: replayed members (stored correct answers) left out."""
+    generated = ~batch.batch[IS_REPLAY_KEY].bool().numpy()
+    return float((scores[generated] >= 1.0).mean()) if generated.any() else float("nan")
+
+
 class RayExGRPOTrainer(RayPPOTrainer):
     """verl's legacy PPO trainer with the ExGRPO experience manager between rollout and actor update."""
 
@@ -391,6 +420,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                     metrics["perf/mfu/actor_infer"] = mfu
                     old_log_prob.batch.pop("entropys")
                     batch = batch.union(old_log_prob)
+                    metrics.update(rollout_actor_agreement(batch))
 
                 with marked_timer("adv", timing_raw, color="brown"):
                     batch.batch["token_level_scores"] = reward_tensor
@@ -415,6 +445,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                     if self.exgrpo.enable:
                         self._collect(batch, metrics)
                     pass_rate = float((scores >= 1.0).sum()) / float(len(scores))
+                    metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
                     self.experience.observe_pass_rate(pass_rate, self.global_steps)
                     self.experience.readd_retired(self.global_steps)
 
