@@ -43,12 +43,15 @@ class ExGRPOCpuRun:
     train_batch_size: int = 8
     rollout_n: int = 4
     ppo_mini_batch_size: int = 8
+    # rows per forward/backward of the actor (per device); larger = fewer, bigger matmuls on CPU
+    micro_batch_size: int = 16
     # the byte-level toy tokenizer spends ~70 tokens on the chat-templated question
     max_prompt_length: int = 128
-    max_response_length: int = 16
-    # Adam moves each weight by about lr per step: the 157k-parameter model needs ~1e-3 to move within a few
-    # dozen steps (at 1e-4 even a trivially learnable reward barely rises; docs/learning.md)
-    lr: float = 1e-3
+    # the response "</think>\boxed{1044}<|im_end|>" is 21 tokens
+    max_response_length: int = 24
+    # Adam moves each weight by about lr per step, whatever the loss scale: at 1e-4 even a trivially learnable
+    # reward rises slowly on this 157k-parameter model, at 1e-3 one step wrecks its arithmetic (docs/learning.md)
+    lr: float = 2e-4
     delayed_start_threshold: float = 0.2
     replay_ratio: float = 0.5
     save_freq: int = -1
@@ -70,12 +73,13 @@ class ExGRPOCpuRun:
 
 # The demo's settings (and those of benchmarks/learning_cpu.py): how they were chosen is in docs/learning.md.
 DEMO_SETTINGS: dict = dict(
-    steps=40,
+    steps=60,
     train_batch_size=16,
     rollout_n=8,
     ppo_mini_batch_size=16,
-    lr=1e-3,
-    # the warmed-up model's batch pass rate is ~0.5: the paper's τ = 0.35 switches replay on at the first step
+    micro_batch_size=64,
+    lr=2e-4,
+    # the paper's τ: replay starts once the batch pass rate exceeds 0.35 (the warmed-up model starts at ~0.2)
     delayed_start_threshold=0.35,
     test_freq=10,
     val_before_train=True,
@@ -100,6 +104,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         train_batch_size=run.train_batch_size,
         rollout_n=run.rollout_n,
         ppo_mini_batch_size=run.ppo_mini_batch_size,
+        micro_batch_size_per_device=run.micro_batch_size,
         max_prompt_length=run.max_prompt_length,
         max_response_length=run.max_response_length,
         lr=run.lr,
@@ -113,8 +118,8 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         experiment_name="exgrpo" if run.exgrpo_enable else "onpolicy",
     )
     overrides = cpu_overrides(spec) + [
-        # the toy task has no <think> template
-        "+reward.custom_reward_function.reward_kwargs.think_gate=false",
+        # the recipe's reward with its </think> gate on (as for the paper's Qwen-Math runs): the warmed-up model
+        # closes the think block in about half its answers (recipe/exgrpo/cpu/assets.py)
         "+reward.custom_reward_function.reward_kwargs.timeout_s=null",
         # Dr.GRPO constant normaliser L_max = the response budget of this tiny run (8192 in the 7B run)
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",

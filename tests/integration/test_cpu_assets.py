@@ -82,8 +82,10 @@ def test_model_is_tiny_qwen2_with_sdpa(assets):
 
 
 def test_warmup_leaves_a_spread_of_difficulties(assets):
-    """After the warm-up the levels are ordered for the model and each has partially solved questions (what
-    ExGRPO's buckets feed on): measured on every validation question, K samples each at temperature 1."""
+    """After the warm-up the levels are ordered for the model and questions are partially solved (what ExGRPO's
+    buckets feed on), measured on every validation question, K samples each at temperature 1, with the recipe's
+    think-gated reward; the arithmetic alone (any last boxed answer) is better, since about half the answers
+    leave the think block open (the headroom RL trains away, docs/learning.md)."""
     report = assets.report
     levels = report["per_level"]
     assert list(levels) == ["easy", "medium", "hard"], levels
@@ -93,9 +95,12 @@ def test_warmup_leaves_a_spread_of_difficulties(assets):
     for name, level in levels.items():
         histogram = level["success_count_histogram"]
         assert len(histogram) == k + 1 and sum(histogram) == level["questions"]
-        partial = sum(histogram[1:k]) / level["questions"]
-        assert partial >= 0.2, f"{name}: only {partial:.0%} of the questions are partially solved: {histogram}"
-    assert 0.15 <= report["pass_rate"] <= 0.8, report["pass_rate"]
+        assert sum(histogram[1:k]) > 0, f"{name}: no partially solved question: {histogram}"
+        assert level["answer_pass_rate"] >= level["pass_rate"]
+    overall = report["success_count_histogram"]
+    assert sum(overall[1:k]) / sum(overall) >= 0.4, overall
+    assert 0.1 <= report["pass_rate"] <= 0.8, report["pass_rate"]
+    assert report["answer_pass_rate"] > 1.5 * report["pass_rate"]
     assert report["final_loss"] < report["first_loss"]
 
 
@@ -113,6 +118,7 @@ def test_ensure_assets_builds_once_and_caches(tmp_path):
     assert (first.model_path / "model.safetensors").exists() and (first.init_model_path / "config.json").exists()
     report = first.report
     assert report["warmup_questions"] == 10 and report["per_level"]["tiny"]["questions"] == 2
+    assert 0.0 <= report["per_level"]["tiny"]["pass_rate"] <= report["per_level"]["tiny"]["answer_pass_rate"]
     assert len(report["per_level"]["tiny"]["success_count_histogram"]) == 3
     stamp = (first.root / "assets.json").stat().st_mtime_ns
     again = ensure_assets(spec, root=tmp_path)

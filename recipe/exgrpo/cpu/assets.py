@@ -92,10 +92,13 @@ class WarmupSpec:
     seed: int = 0
     # SFT questions drawn from each difficulty level, outside the RL and validation splits
     questions_per_level: int = 8000
+    # SFT targets are "</think>\\boxed{<answer>}"; this share of them omits the "</think>" (a format slip the
+    # warmed-up model then makes at about that rate, and that the recipe's think-gated reward trains away)
+    unclosed_think_rate: float = 0.5
     # the report's spread: every validation question sampled this many times (K of the RL runs)
     eval_samples_per_question: int = 8
     eval_temperature: float = 1.0
-    eval_max_new_tokens: int = 16
+    eval_max_new_tokens: int = 24
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,11 @@ def save_model(model, tokenizer, path: Path) -> None:
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
-def response_text(ground_truth: str) -> str:
-    return f"\\boxed{{{ground_truth}}}"
+THINK_CLOSE = "</think>"
+
+
+def response_text(ground_truth: str, close_think: bool = True) -> str:
+    return f"{THINK_CLOSE if close_think else ''}\\boxed{{{ground_truth}}}"
 
 
 def last_boxed(text: str) -> str | None:
@@ -208,13 +214,15 @@ def last_boxed(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def _encode_example(tokenizer, question: str, ground_truth: str) -> tuple[list[int], int]:
+def _encode_example(tokenizer, question: str, ground_truth: str, close_think: bool = True) -> tuple[list[int], int]:
     """Prompt + response ids and the number of prompt tokens (the loss covers only the response)."""
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
     )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    response_ids = tokenizer.encode(response_text(ground_truth), add_special_tokens=False) + [tokenizer.eos_token_id]
+    response_ids = tokenizer.encode(response_text(ground_truth, close_think), add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
     return prompt_ids + response_ids, len(prompt_ids)
 
 
@@ -237,9 +245,13 @@ def sft_warmup(
     rng = random.Random(spec.seed)
     torch.manual_seed(spec.seed)
     by_level = questions if isinstance(questions, dict) else {"all": questions}
-    pools = [
-        [_encode_example(tokenizer, question_text(*q), str(answer(*q))) for q in qs] for qs in by_level.values() if qs
-    ]
+
+    def encode(q: tuple[int, str, int]) -> tuple[tuple[list[int], int], tuple[list[int], int]]:
+        closed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=True)
+        unclosed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=False)
+        return closed, unclosed
+
+    pools = [[encode(q) for q in qs] for qs in by_level.values() if qs]
     if not pools:
         raise ValueError("the SFT warm-up got no questions")
     pad = tokenizer.pad_token_id
@@ -258,7 +270,8 @@ def sft_warmup(
 
     for _ in tqdm(range(spec.steps), desc="SFT warm-up of the tiny model", unit="step", mininterval=2.0):
         picked = [pools[rng.randrange(len(pools))] for _ in range(spec.batch_size)]
-        batch = [pool[rng.randrange(len(pool))] for pool in picked]
+        pairs = [pool[rng.randrange(len(pool))] for pool in picked]
+        batch = [unclosed if rng.random() < spec.unclosed_think_rate else closed for closed, unclosed in pairs]
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -288,8 +301,13 @@ def success_counts(
     temperature: float,
     max_new_tokens: int,
     seed: int = 0,
+    think_gate: bool = True,
 ) -> list[int]:
-    """For each row, how many of ``samples_per_question`` sampled responses have the right last ``\\boxed{}``."""
+    """For each row, how many of ``samples_per_question`` sampled responses have the right last ``\\boxed{}``.
+
+    With ``think_gate`` (the recipe's reward default) only the text after ``</think>`` counts and a response
+    without it scores 0; without it, any response whose last ``\\boxed{}`` is right counts (the arithmetic).
+    """
     from transformers import GenerationConfig
 
     torch.manual_seed(seed)
@@ -317,6 +335,10 @@ def success_counts(
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg)
         texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         for i, (row, text) in enumerate(zip(rows, texts, strict=True)):
+            if think_gate:
+                if THINK_CLOSE not in text:
+                    continue
+                text = text.rsplit(THINK_CLOSE, 1)[1]
             correct[i] += int(last_boxed(text) == row["reward_model"]["ground_truth"])
     return correct
 
@@ -363,16 +385,19 @@ def build_assets(out_dir: str | Path, spec: AssetSpec | None = None) -> Assets:
 
     val_rows = generate_splits(spec.data)["val"]
     t1 = time.perf_counter()
-    counts = success_counts(
-        model,
-        tokenizer,
-        val_rows,
-        samples_per_question=spec.warmup.eval_samples_per_question,
+    k = spec.warmup.eval_samples_per_question
+    sampling = dict(
+        samples_per_question=k,
         temperature=spec.warmup.eval_temperature,
         max_new_tokens=spec.warmup.eval_max_new_tokens,
         seed=spec.warmup.seed,
     )
-    evaluation = spread_report(val_rows, counts, spec.warmup.eval_samples_per_question)
+    # what the think-gated reward gives (the spread RL sees), and the arithmetic alone (any last \boxed{})
+    evaluation = spread_report(val_rows, success_counts(model, tokenizer, val_rows, **sampling), k)
+    arithmetic = spread_report(val_rows, success_counts(model, tokenizer, val_rows, think_gate=False, **sampling), k)
+    evaluation["answer_pass_rate"] = arithmetic["pass_rate"]
+    for level, figures in arithmetic["per_level"].items():
+        evaluation["per_level"][level]["answer_pass_rate"] = figures["pass_rate"]
     report = {
         "spec": spec.to_dict(),
         "digest": spec.digest(),
