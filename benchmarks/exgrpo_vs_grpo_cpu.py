@@ -1,13 +1,16 @@
 """ExGRPO vs on-policy GRPO seconds per step on the same tiny CPU config, in one run, side by side.
 
-    python benchmarks/exgrpo_vs_grpo_cpu.py [--steps 8] [--out outputs/bench_exgrpo_vs_grpo]
+    python benchmarks/exgrpo_vs_grpo_cpu.py [--steps 12] [--repeats 3] [--out outputs/bench_exgrpo_vs_grpo]
 
 Both arms run the real verl trainer through ``recipe.exgrpo.main_exgrpo`` (on-policy = ``exgrpo.enable=false``)
 with the same model, data, batch and seed. Replay starts at step 1 (delayed start off) so every measured ExGRPO
-step after the first carries replayed questions. Reported per arm: mean seconds per step over the steps after
-the first two (start-up and compilation excluded), the share of the entropy pass (``timing_s/exgrpo_select``)
-and of the other ExGRPO bookkeeping, start-up seconds and peak RSS; then the ratio ExGRPO / GRPO.
-The paper's release costs +19.0% per step at 7B on 8×H100 (Table 8).
+step after the first carries replayed questions. The arms alternate (GRPO, ExGRPO, GRPO, ...) ``--repeats`` times so
+that a slow phase of a shared machine hits both. Steps after the first two of each run are measured (start-up and
+compilation excluded). Per arm, over all its measured steps pooled: the MEDIAN seconds per step (the headline: on a
+shared 2-core machine single steps spike 3-10x when other jobs run, and a median ignores the spikes) and the mean,
+and the medians of generation, the old-log-prob pass (which, for ExGRPO, also scores the candidate trajectories),
+the actor update and ExGRPO's own bookkeeping; the actor forward calls per step, start-up and peak RSS. Then the
+ratio ExGRPO / GRPO of the median step times. The paper's release costs +19.0% per step at 7B on 8×H100 (Table 8).
 """
 
 from __future__ import annotations
@@ -23,12 +26,26 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
 
-EXGRPO_TIMERS = ("exgrpo_sample", "exgrpo_select", "exgrpo_replay_rows", "exgrpo_collect")
+#: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
+#: figures, the replayed members' reward, collection)
+EXGRPO_TIMERS = ("exgrpo_sample", "exgrpo_select", "exgrpo_replay_reward", "exgrpo_collect")
 
 
-def run_arm(name: str, enable: bool, steps: int, out: Path, assets) -> dict:
+PER_STEP = {
+    "step_s": "timing_s/step",
+    "gen_s": "timing_s/gen",
+    "old_log_prob_s": "timing_s/old_log_prob",
+    "update_s": "timing_s/update_actor",
+    "actor_calls": "exgrpo/actor_log_prob_calls",
+    "candidate_rows": "exgrpo/old_log_prob_candidate_rows",
+    "replayed": "exgrpo/replayed_questions",
+}
+
+
+def run_once(name: str, enable: bool, steps: int, out: Path, assets) -> dict:
+    """One training run; returns its measured steps' figures (lists, one value per step) and run totals."""
     run = ExGRPOCpuRun(
-        output_dir=out / name,
+        output_dir=out,
         steps=steps,
         exgrpo_enable=enable,
         delayed_start_threshold=-1.0,
@@ -39,53 +56,65 @@ def run_arm(name: str, enable: bool, steps: int, out: Path, assets) -> dict:
     if result.returncode != 0:
         print(result.log_tail(), file=sys.stderr)
         raise SystemExit(f"{name} run failed (exit {result.returncode}); log: {result.log_path}")
-    rows = [r for r in read_metrics(out / name) if "timing_s/step" in r]
+    rows = [r for r in read_metrics(out) if "timing_s/step" in r]
     measured = rows[2:] if len(rows) > 3 else rows[1:]
-    step_s = [r["timing_s/step"] for r in measured]
-    select_s = [r.get("timing_s/exgrpo_select", 0.0) for r in measured]
-    other_s = [sum(r.get(f"timing_s/{t}", 0.0) for t in EXGRPO_TIMERS if t != "exgrpo_select") for r in measured]
-    replayed = [r.get("exgrpo/replayed_questions", 0) for r in measured]
-    total_step_time = sum(r["timing_s/step"] for r in rows)
+    per_step = {key: [float(r.get(metric, 0.0)) for r in measured] for key, metric in PER_STEP.items()}
+    per_step["exgrpo_s"] = [sum(float(r.get(f"timing_s/{t}", 0.0)) for t in EXGRPO_TIMERS) for r in measured]
     return {
-        "arm": name,
-        "steps_measured": len(measured),
-        "s_per_step": statistics.mean(step_s),
-        "s_per_step_stdev": statistics.stdev(step_s) if len(step_s) > 1 else 0.0,
-        "entropy_pass_s": statistics.mean(select_s),
-        "other_exgrpo_s": statistics.mean(other_s),
-        "replayed_per_step": statistics.mean(replayed),
-        "startup_s": result.wall_seconds - total_step_time,
+        **per_step,
+        "startup_s": result.wall_seconds - sum(r["timing_s/step"] for r in rows),
         "peak_rss_gib": result.peak_rss_bytes / 2**30,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=22, help="training steps per run (the first two not measured)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per arm, alternating the arms")
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "bench_exgrpo_vs_grpo"))
     args = parser.parse_args(argv)
     from recipe.exgrpo.cpu.assets import ensure_assets
 
     assets = ensure_assets()
     out = Path(args.out)
-    results = [run_arm("grpo", False, args.steps, out, assets), run_arm("exgrpo", True, args.steps, out, assets)]
-    header = (
-        f"{'arm':<8}{'s/step':>9}{'±':>7}{'entropy pass s':>16}{'other exgrpo s':>16}{'replayed/step':>15}"
-        f"{'start-up s':>12}{'peak RSS GiB':>14}"
-    )
-    print(header)
-    for r in results:
-        print(
-            f"{r['arm']:<8}{r['s_per_step']:>9.2f}{r['s_per_step_stdev']:>7.2f}{r['entropy_pass_s']:>16.3f}"
-            f"{r['other_exgrpo_s']:>16.3f}{r['replayed_per_step']:>15.1f}{r['startup_s']:>12.1f}"
-            f"{r['peak_rss_gib']:>14.2f}"
-        )
-    grpo, ex = results
-    ratio = ex["s_per_step"] / grpo["s_per_step"]
-    share = ex["entropy_pass_s"] / ex["s_per_step"]
+    runs: dict[str, list[dict]] = {"grpo": [], "exgrpo": []}
+    for rep in range(args.repeats):
+        for name, enable in (("grpo", False), ("exgrpo", True)):
+            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets)
+            runs[name].append(r)
+            print(f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
+                  flush=True)
+
+    def pooled(name: str, key: str) -> list[float]:
+        return [v for r in runs[name] for v in r[key]]
+
+    cols = [
+        ("median s/step", lambda n: statistics.median(pooled(n, "step_s")), 15, 3),
+        ("mean s/step", lambda n: statistics.mean(pooled(n, "step_s")), 13, 3),
+        ("gen s", lambda n: statistics.median(pooled(n, "gen_s")), 8, 3),
+        ("old-log-prob s", lambda n: statistics.median(pooled(n, "old_log_prob_s")), 16, 3),
+        ("update s", lambda n: statistics.median(pooled(n, "update_s")), 10, 3),
+        ("exgrpo s", lambda n: statistics.median(pooled(n, "exgrpo_s")), 10, 3),
+        ("actor calls", lambda n: statistics.mean(pooled(n, "actor_calls")), 13, 2),
+        ("cand. rows", lambda n: statistics.mean(pooled(n, "candidate_rows")), 12, 1),
+        ("replayed", lambda n: statistics.mean(pooled(n, "replayed")), 10, 1),
+        ("start-up s", lambda n: statistics.median(r["startup_s"] for r in runs[n]), 12, 1),
+        ("peak RSS GiB", lambda n: max(r["peak_rss_gib"] for r in runs[n]), 14, 2),
+    ]
+    n_steps = len(runs["grpo"][0]["step_s"])
+    print(f"\n{args.repeats} runs per arm x {n_steps} measured steps, pooled (medians unless marked)")
+    print(f"{'arm':<8}" + "".join(f"{title:>{width}}" for title, _, width, _ in cols))
+    for name in runs:
+        print(f"{name:<8}" + "".join(f"{fn(name):>{width}.{dp}f}" for _, fn, width, dp in cols))
     print(
-        f"\nExGRPO / GRPO seconds per step: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%); entropy pass = {share * 100:.1f}% "
-        f"of an ExGRPO step (paper's release at 7B: +19.0%). {ex['steps_measured']} steps measured per arm."
+        "per-run median s/step: "
+        + "; ".join(f"{n}: " + ", ".join(f"{statistics.median(r['step_s']):.3f}" for r in runs[n]) for n in runs)
+    )
+    ratio = statistics.median(pooled("exgrpo", "step_s")) / statistics.median(pooled("grpo", "step_s"))
+    mean_ratio = statistics.mean(pooled("exgrpo", "step_s")) / statistics.mean(pooled("grpo", "step_s"))
+    print(
+        f"\nExGRPO / GRPO seconds per step: {ratio:.3f} (medians; {(ratio - 1) * 100:+.1f}%), {mean_ratio:.3f} "
+        f"(means); paper's release at 7B: +19.0%."
     )
     return 0
 

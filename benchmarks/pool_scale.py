@@ -13,7 +13,7 @@ synthetic pool of that many trajectories (response lengths uniform in [mean-spre
 * save (Arrow IPC + JSON header, fsync'd; cold and warm page cache, next to a plain write of as many bytes)
   and load (after freeing the pool) times, and peak RSS.
 
-Targets (issue 2): <= 8.5 bytes per stored token, sampling + assembly < 5 ms, save + load < 10 s.
+Targets: <= 8.5 bytes per stored token, sampling + assembly < 5 ms, save + load < 10 s.
 
     python benchmarks/pool_scale.py                       # full scale, both layouts (~2.5 GB RAM per layout)
     python benchmarks/pool_scale.py --trajectories 20000  # a quick run

@@ -7,13 +7,19 @@ Prints rows/second for:
   worker processes, for correct answers and for another row's (wrong) answer;
 - ``default path, all rows``: every row of the files, repeats included, as an evaluation grades them;
 - the per-call overhead of the pool (pipe round trip) on a trivial answer, and the cost of one timeout
-  (the killed worker's replacement start-up).
+  (the killed worker's replacement start-up);
+- adversarial responses (``--adversarial``): thousands of unclosed ``\boxed{``, deeply nested braces, power
+  towers: the wall time of one graded call (and of the box extraction alone) next to the timeout;
+- many caller threads (``--threads``): rows graded from 8 threads as verl's reward loop does, with a few
+  power towers among them, on a small pool: per-call latency (median, p99, max) next to the timeout, and the
+  time calls queued for a grader process.
 
-Rows: every distinct (answer, ground truth, data_source) of ../shared/data/benchmarks (or --data DIR); repeated
+Rows: every distinct (answer, ground truth, data_source) of the evaluation files in --data DIR; repeated
 AIME/AMC rows are counted once, so caching does not inflate the figures (ground-truth parses are still reused
 across answers, as across the K rollouts of a question in training).
 
-    python benchmarks/reward_throughput.py [--data ../shared/data/benchmarks] [--workers 2] [--limit 0]
+    python benchmarks/reward_throughput.py [--data data/benchmarks] [--workers 2] [--limit 0]
+    python benchmarks/reward_throughput.py --only adversarial,threads      # the bound checks only
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from exgrpo.reward import (  # noqa: E402
     choice_labels,
     grade,
     is_multiple_choice,
+    last_boxed,
     math_verifier,
 )
 
@@ -128,12 +135,94 @@ def timeout_cost(pool: GraderPool, timeout_s: float = 1.0) -> tuple[float, float
     return hung_s, time.perf_counter() - start
 
 
+POWER_TOWER = "<think></think>\\boxed{9^{9^{9^{9}}}}"
+
+
+def warm_pool(workers: int) -> GraderPool:
+    """A pool with all its workers started (start-up is not what is measured)."""
+    pool = GraderPool(workers)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(lambda _: pool.math_equal("1", ("1",), True, 120.0), range(workers)))
+    return pool
+
+
+def adversarial(pool: GraderPool, timeout_s: float, boxes: list[int]) -> None:
+    """Wall time of one graded call on adversarial responses (and of the box extraction alone)."""
+    cases = [(f"{n:,} unclosed \\boxed{{", "<think></think>" + "\\boxed{" * n) for n in boxes]
+    cases += [
+        (f"\\boxed{{7}} then {boxes[-1]:,} unclosed", "<think></think>\\boxed{7}" + "\\boxed{" * boxes[-1]),
+        ("50,000-deep nested braces", "<think></think>\\boxed{" + "{" * 50_000 + "7" + "}" * 50_000 + "}"),
+        ("100,000 unclosed nested braces", "<think></think>\\boxed{" + "{" * 100_000),
+        ("power tower 9^9^9^9 (boxed)", POWER_TOWER),
+    ]
+    print(f"  adversarial responses, timeout {timeout_s:g} s (wall time of one call; extraction alone):")
+    for label, text in cases:
+        start = time.perf_counter()
+        last_boxed(text)
+        extract_s = time.perf_counter() - start
+        start = time.perf_counter()
+        result = grade(text, "7", timeout_s=timeout_s, pool=pool, exact_shortcut=False)
+        wall = time.perf_counter() - start
+        print(
+            f"    {label:<36} {len(text):>9,} chars  call {wall:7.2f} s  extraction {extract_s:7.3f} s  "
+            f"{result.outcome}"
+        )
+
+
+def many_threads(rows: list[tuple[str, str]], n_rows: int, threads: int, workers: int, timeout_s: float) -> None:
+    """Rows graded from ``threads`` threads on a pool of ``workers``: per-call latency and queueing."""
+    rng = random.Random(1)
+    wrong = wrong_answers(rows)
+    picks = [rng.randrange(len(rows)) for _ in range(n_rows)]
+    work = [(response(rows[i][0] if k % 2 else wrong[i]), rows[i][0], rows[i][1]) for k, i in enumerate(picks)]
+    for k in range(0, n_rows, 200):  # one power tower in 200 rows
+        work[k] = (POWER_TOWER, "1", "math")
+    pool = warm_pool(workers)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item):
+        start = time.perf_counter()
+        result = grade(item[0], item[1], data_source=item[2], timeout_s=timeout_s, pool=pool, exact_shortcut=False)
+        return time.perf_counter() - start, result
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as ex:
+        out = list(ex.map(one, work))
+    total = time.perf_counter() - start
+    pool.close()
+    walls = sorted(w for w, _ in out)
+    queued = [getattr(r, "queue_s", float("nan")) for _, r in out]
+    outcomes: dict[str, int] = {}
+    for _, r in out:
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+
+    def q(p: float) -> float:
+        return walls[min(len(walls) - 1, int(p * len(walls)))]
+
+    print(
+        f"  {n_rows} rows from {threads} threads, pool of {workers}, timeout {timeout_s:g} s: {total:.1f} s; "
+        f"per call median {q(0.5):.2f} s, p99 {q(0.99):.2f} s, max {walls[-1]:.2f} s; "
+        f"queued max {max(queued):.2f} s, mean {sum(queued) / len(queued):.3f} s; {outcomes}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "benchmarks"))
+    p.add_argument("--data", default=str(REPO / "data" / "benchmarks"), help="written by scripts/prepare_data.sh")
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--limit", type=int, default=0, help="first N distinct rows only (0: all)")
+    p.add_argument("--only", default="throughput,adversarial,threads", help="sections to run (comma list)")
+    p.add_argument(
+        "--boxes", default="2730,5000,20000", help="unclosed-box counts of the adversarial section (comma list)"
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="per-call timeout of the adversarial/thread sections")
+    p.add_argument("--thread-rows", type=int, default=2000)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--thread-workers", type=int, default=2)
     args = p.parse_args()
+    sections = set(args.only.split(","))
 
     rows = load_rows(Path(args.data))
     if args.limit:
@@ -145,6 +234,15 @@ def main() -> None:
         f"reward throughput: {len(rows)} distinct rows ({n_mc} multiple choice), {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f}, pool of {args.workers} workers"
     )
+
+    if "adversarial" in sections:
+        apool = warm_pool(args.workers)
+        adversarial(apool, args.timeout, [int(x) for x in args.boxes.split(",")])
+        apool.close()
+    if "threads" in sections:
+        many_threads(rows, args.thread_rows, args.threads, args.thread_workers, args.timeout)
+    if "throughput" not in sections:
+        return
 
     # inline first, on cold caches in this process; each pool below starts with cold caches in its workers
     timed("math-verify inline (no timeout), 1 thread", right, rows, 1, timeout_s=None, exact_shortcut=False)

@@ -1,4 +1,4 @@
-"""The evaluation benchmarks (ALGORITHM.md §12) -> verl parquet, in the format of ../shared/data/benchmarks.
+"""The evaluation benchmarks (docs/algorithm.md §12) -> verl parquet, in the format of the released files.
 
 In-distribution: AIME24, AIME25, AMC, MATH-500, Minerva, OlympiadBench; out-of-distribution: ARC-c,
 GPQA-Diamond, MMLU-Pro. Each comes from the Hugging Face Hub (``datasets.load_dataset``, when online) or from a
@@ -14,10 +14,16 @@ others stay pass@1), ``--repeat aime24=8,aime25=8,amc=4`` sets k per benchmark (
 validation set), ``--repeat-benchmarks`` changes which benchmarks ``--repeat K`` applies to.
 
 Rows whose ground truth is empty, or that the reward cannot match to itself (math) or that name no listed
-option (multiple choice), are dropped and counted; a question occurring twice in one benchmark is an error.
+option (multiple choice), are dropped and counted; a question occurring twice in one benchmark is an error
+(``--drop-duplicates`` keeps its first copy). The files are written all or nothing: every benchmark is built
+first, and a failure leaves no output (and no earlier benchmark's file) behind.
 
-    python -m data_preprocess.benchmarks --output-dir data/eval --repeat 32 --combined test.parquet
-    python -m data_preprocess.benchmarks --output-dir data/eval --benchmarks math500 --input math500=MATH-500.jsonl
+    python -m data_preprocess.benchmarks --output-dir data/benchmarks --repeat 32 --combined test_id.parquet \
+        --benchmarks aime24,aime25,amc,math500,minerva,olympiad_bench
+    python -m data_preprocess.benchmarks --output-dir data/benchmarks --benchmarks math500 \
+        --input math500=MATH-500.jsonl
+
+(scripts/prepare_data.sh writes every file the scripts read, at their default paths.)
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_preprocess.common import (
+    PROMPT_STYLE_HELP,
+    PROMPT_STYLES,
     PreprocessError,
     Report,
     build_prompt,
@@ -47,7 +55,7 @@ from data_preprocess.common import (
     system_prompt_from_args,
     table_columns,
     verl_row,
-    write_verl_parquet,
+    write_verl_parquets,
 )
 
 LETTERS = "ABCDEFGHIJ"
@@ -68,7 +76,7 @@ class Benchmark:
     hub_id: str
     hub_config: str | None
     hub_split: str
-    avg_at_k: bool  # repeated by --repeat K (ALGORITHM.md §12: AIME24, AIME25, AMC are avg@32)
+    avg_at_k: bool  # repeated by --repeat K (docs/algorithm.md §12: AIME24, AIME25, AMC are avg@32)
 
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -296,6 +304,8 @@ def build_benchmark(
     seed: int,
     check_gt: bool,
     progress: bool,
+    prompt_style: str = "chat",
+    drop_duplicates: bool = False,
 ) -> tuple[list[dict[str, Any]], Report]:
     rows, columns, source = load_benchmark(bench, local_path)
     report = Report(f"{bench.name} <- {source}")
@@ -306,12 +316,20 @@ def build_benchmark(
     else:
         items = [it for it in items if it.user.strip() and it.ground_truth is not None]
     ids = [question_id(it.user) for it in items]
-    raise_on_duplicates(duplicate_ids(ids), source, [it.user for it in items])
+    dups = duplicate_ids(ids)
+    if dups and drop_duplicates:
+        first: dict[str, int] = {}
+        keep = [first.setdefault(qid, i) == i for i, qid in enumerate(ids)]
+        report.add("dropped: duplicate question", keep.count(False))
+        items = [it for it, k in zip(items, keep, strict=True) if k]
+        ids = [qid for qid, k in zip(ids, keep, strict=True) if k]
+    else:
+        raise_on_duplicates(dups, source, [it.user for it in items])
     out = []
     for index, (item, qid) in enumerate(
         tqdm(list(zip(items, ids, strict=True)), desc=bench.name, disable=not progress)
     ):
-        prompt = build_prompt(item.user, system_prompt)
+        prompt = build_prompt(item.user, system_prompt, prompt_style)
         for sample in range(repeat):
             out.append(
                 verl_row(
@@ -339,9 +357,12 @@ def run(args: argparse.Namespace) -> list[Report]:
     repeat_set = [n.strip() for n in args.repeat_benchmarks.split(",")] if args.repeat_benchmarks else []
     repeats = parse_repeat(args.repeat, repeat_set)
     inputs = parse_inputs(args.input)
-    system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file)
+    system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
     out_dir = Path(args.output_dir)
-    reports, combined = [], []
+    if args.combined and not args.combined.endswith(".parquet"):
+        raise PreprocessError(f"--combined must name a .parquet file, got {args.combined!r}")
+    # Build every benchmark before writing any: a later failure must not leave earlier outputs behind.
+    reports, outputs, combined = [], [], []
     for name in names:
         rows, report = build_benchmark(
             BENCHMARKS[name],
@@ -351,16 +372,21 @@ def run(args: argparse.Namespace) -> list[Report]:
             args.seed,
             not args.skip_gt_check,
             progress,
+            prompt_style=args.prompt_style,
+            drop_duplicates=args.drop_duplicates,
         )
         if not rows:
-            raise PreprocessError(f"{name}: no rows left\n{report.format()}")
-        path = write_verl_parquet(rows, out_dir / f"{name}.parquet")
-        report.notes.append(f"written: {path}")
+            raise PreprocessError(f"{name}: no rows left (nothing was written)\n{report.format()}")
+        outputs.append((rows, out_dir / f"{name}.parquet"))
         reports.append(report)
         combined.extend(rows)
     if args.combined:
-        path = write_verl_parquet(combined, out_dir / args.combined)
-        reports.append(Report(f"combined -> {path}", {"rows": len(combined)}))
+        outputs.append((combined, out_dir / args.combined))
+    paths = write_verl_parquets(outputs)
+    for report, path in zip(reports, paths, strict=False):
+        report.notes.append(f"written: {path}")
+    if args.combined:
+        reports.append(Report(f"combined -> {paths[-1]}", {"rows": len(combined)}))
     return reports
 
 
@@ -379,10 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"benchmarks that --repeat K applies to (default {','.join(AVG_AT_K_DEFAULT)})",
     )
     p.add_argument("--combined", help="also write all selected benchmarks into this file (name in --output-dir)")
-    p.add_argument("--system-prompt", default="luffy", help="luffy (released instruction, default) or none")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat", help=PROMPT_STYLE_HELP)
+    p.add_argument("--system-prompt", help="luffy (released instruction, default) or none")
     p.add_argument("--system-prompt-file", help="use this file's text as the system instruction instead")
     p.add_argument("--seed", type=int, default=0, help="GPQA option shuffle seed (raw GPQA rows only)")
     p.add_argument("--skip-gt-check", action="store_true", help="keep ground truths the reward cannot match")
+    p.add_argument(
+        "--drop-duplicates", action="store_true", help="keep the first copy of a question repeated in a benchmark"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 

@@ -1,13 +1,13 @@
 """Shared pieces of the dataset -> verl parquet commands (``openr1_math``, ``benchmarks``).
 
-Output rows follow verl's RL dataset convention, the same as ../shared/data/benchmarks:
+Output rows follow verl's RL dataset convention, the same as the released evaluation files:
 ``data_source`` (str), ``prompt`` ([{content, role}]: the system instruction, then the user question),
 ``ability`` ("math"), ``reward_model`` {``ground_truth`` (str), ``style`` ("rule")}, ``extra_info``
 {``index``, ``split``, ``question_id``, ``source_row``, ``sample``}.
 
 ``question_id`` is the SHA-1 of the question text after Unicode NFKC normalisation and whitespace collapsing:
 it depends only on the question, never on row order or seed, so the experience pool can key questions by it
-across runs (ALGORITHM.md §2), and it exposes duplicate questions (an error unless asked to drop them).
+across runs (docs/algorithm.md §2), and it exposes duplicate questions (an error unless asked to drop them).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# The system instruction of the released LUFFY / ExGRPO setup (ALGORITHM.md §10: the think template): the
-# exact text of every row of ../shared/data/benchmarks, which are the released evaluation files, and of the
+from exgrpo.prompts import PROMPT_STYLES, llama_base_prompt
+
+# The system instruction of the released LUFFY / ExGRPO setup (docs/algorithm.md §10: the think template): the
+# exact text of every row of the released evaluation files (AIME, AMC, MATH-500, ... in verl parquet), and of the
 # system message of the released training set Elliott/Openr1-Math-46k-8192 (LUFFY's prompt, which ExGRPO
 # reuses). The model must close "</think>" and box its answer, which is what the reward's gate checks.
 LUFFY_SYSTEM_PROMPT = (
@@ -42,6 +44,10 @@ LUFFY_SYSTEM_PROMPT = (
     "multiple choices or mathematical solutions."
 )
 SYSTEM_PROMPTS: dict[str, str | None] = {"luffy": LUFFY_SYSTEM_PROMPT, "none": None}
+PROMPT_STYLE_HELP = (
+    "chat (default): system instruction + question, rendered by the model's chat template; llama_base: the paper's "
+    "Llama-3.1-8B base prompt 'User: {question} Answer: Let's think step by step.\\n', no system prompt"
+)
 
 ABILITY = "math"
 REWARD_STYLE = "rule"
@@ -93,8 +99,19 @@ def question_id(text: str) -> str:
     return hashlib.sha1(normalize_question(text).encode("utf-8")).hexdigest()
 
 
-def system_prompt_from_args(name: str, path: str | None) -> str | None:
-    """``--system-prompt NAME`` or ``--system-prompt-file PATH`` (the file wins)."""
+def system_prompt_from_args(name: str | None, path: str | None, style: str = "chat") -> str | None:
+    """``--system-prompt NAME`` (default luffy) or ``--system-prompt-file PATH`` (the file wins); none under
+    ``--prompt-style llama_base``, whose setting has no system prompt."""
+    if style not in PROMPT_STYLES:
+        raise PreprocessError(f"--prompt-style must be one of {list(PROMPT_STYLES)}, got {style!r}")
+    if style == "llama_base":
+        if path or name not in (None, "none"):
+            raise PreprocessError(
+                "--prompt-style llama_base has no system prompt (the paper's Llama-3.1-8B base setting): drop "
+                "--system-prompt / --system-prompt-file"
+            )
+        return None
+    name = "luffy" if name is None else name
     if path:
         text = Path(path).read_text(encoding="utf-8")
         if not text.strip():
@@ -105,7 +122,11 @@ def system_prompt_from_args(name: str, path: str | None) -> str | None:
     return SYSTEM_PROMPTS[name]
 
 
-def build_prompt(user_content: str, system_prompt: str | None) -> list[dict[str, str]]:
+def build_prompt(user_content: str, system_prompt: str | None, style: str = "chat") -> list[dict[str, str]]:
+    """The row's messages: system instruction (if any) and the question (``chat``), or the one user message holding
+    the complete Llama-3.1-8B base prompt (``llama_base``, rendered verbatim by the launch script)."""
+    if style == "llama_base":
+        return [{"content": llama_base_prompt(user_content), "role": "user"}]
     messages = [] if system_prompt is None else [{"content": system_prompt, "role": "system"}]
     messages.append({"content": user_content, "role": "user"})
     return messages
@@ -114,11 +135,23 @@ def build_prompt(user_content: str, system_prompt: str | None) -> list[dict[str,
 # ---------------------------------------------------------------------------------------------- reading input
 
 
+def _unreadable(path: Path, what: str, e: Exception) -> PreprocessError:
+    try:
+        if path.is_file() and path.stat().st_size == 0:
+            return PreprocessError(f"{path}: the file is empty (0 bytes), not a {what} file")
+    except OSError:
+        pass
+    return PreprocessError(f"{path}: not a readable {what} file ({type(e).__name__}: {e})")
+
+
 def table_columns(path: Path) -> list[str]:
     """Column names of a parquet / jsonl / json file (for jsonl: the union over all rows)."""
     suffix = _suffix(path)
     if suffix == ".parquet":
-        return list(pq.read_schema(path).names)
+        try:
+            return list(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError) as e:  # 0 bytes, not parquet, truncated, a directory ...
+            raise _unreadable(path, "parquet", e) from e
     names: dict[str, None] = {}
     for row in _iter_json_rows(path):
         names.update(dict.fromkeys(row))
@@ -134,7 +167,10 @@ def read_rows(path: str | Path, columns: Sequence[str] | None = None) -> list[di
         require_columns(table_columns(path), columns, path)
     if _suffix(path) == ".parquet":
         # Reading only the needed columns keeps e.g. OpenR1's long reference solutions out of memory.
-        return pq.read_table(path, columns=list(columns) if columns is not None else None).to_pylist()
+        try:
+            return pq.read_table(path, columns=list(columns) if columns is not None else None).to_pylist()
+        except (pa.ArrowException, OSError) as e:  # a corrupt column chunk shows only when it is read
+            raise _unreadable(path, "parquet", e) from e
     rows = list(_iter_json_rows(path))
     if columns is not None:
         rows = [{c: r.get(c) for c in columns} for r in rows]
@@ -150,7 +186,10 @@ def _suffix(path: Path) -> str:
 
 def _iter_json_rows(path: Path) -> Iterable[dict[str, Any]]:
     if _suffix(path) == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _unreadable(path, "JSON", e) from e
         if isinstance(data, Mapping):  # {"data": [...]} or a column-oriented dict
             data = data.get("data", data.get("rows", [data]))
         if not isinstance(data, list):
@@ -160,17 +199,23 @@ def _iter_json_rows(path: Path) -> Iterable[dict[str, Any]]:
                 raise PreprocessError(f"{path}: row {i} is not a JSON object")
             yield dict(row)
         return
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PreprocessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, Mapping):
-                raise PreprocessError(f"{path}:{lineno}: a JSON object per line is expected")
-            yield dict(row)
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PreprocessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+                if not isinstance(row, Mapping):
+                    raise PreprocessError(f"{path}:{lineno}: a JSON object per line is expected")
+                yield dict(row)
+    except UnicodeDecodeError as e:
+        raise PreprocessError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason})") from e
+    except OSError as e:
+        raise _unreadable(path, "JSON lines", e) from e
 
 
 def require_columns(columns: Iterable[str], required: Sequence[str], source: str | Path) -> None:
@@ -253,6 +298,7 @@ def duplicate_ids(ids: Sequence[str]) -> dict[str, list[int]]:
 
 
 def raise_on_duplicates(dups: Mapping[str, list[int]], source: str, questions: Sequence[str]) -> None:
+    """An error naming the repeated ids and rows; both commands accept ``--drop-duplicates``, which it suggests."""
     if not dups:
         return
     examples = []
@@ -276,18 +322,23 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def prompt_token_lengths(prompts: Sequence[list[dict[str, str]]], tokenizer: Any, progress: bool) -> list[int]:
-    """Tokens of each prompt as verl counts them (``RLHFDataset`` filter): the chat template with the
-    generation prompt, no extra special tokens. Tokenised in batches."""
+def prompt_token_lengths(
+    prompts: Sequence[list[dict[str, str]]], tokenizer: Any, progress: bool, chat_template: str | None = None
+) -> list[int]:
+    """Tokens of each prompt as verl counts them (``RLHFDataset`` filter): the chat template (``chat_template``
+    when given, as the launch script's ``custom_chat_template``; else the tokenizer's) with the generation prompt,
+    no extra special tokens. Tokenised in batches."""
     from tqdm.auto import tqdm
 
-    if getattr(tokenizer, "chat_template", None) is None:
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
         raise PreprocessError("the tokenizer has no chat template; verl applies one to every prompt")
     lengths: list[int] = []
     batch = 512
     for start in tqdm(range(0, len(prompts), batch), desc="prompt lengths", unit="batch", disable=not progress):
         texts = [
-            tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
+            tokenizer.apply_chat_template(
+                list(p), add_generation_prompt=True, tokenize=False, chat_template=chat_template
+            )
             for p in prompts[start : start + batch]
         ]
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -326,15 +377,37 @@ def verl_row(
 
 def write_verl_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Write rows with ``VERL_SCHEMA`` to ``path`` (temporary name, then rename: no half-written file)."""
-    path = Path(path)
-    if path.suffix != ".parquet":
-        raise PreprocessError(f"output must be a .parquet file, got {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+    return write_verl_parquets([(rows, path)])[0]
+
+
+def write_verl_parquets(outputs: Sequence[tuple[Sequence[Mapping[str, Any]], str | Path]]) -> list[Path]:
+    """Write several files all or nothing: each to a temporary name first; only when every one is written are
+    they renamed into place, so a failure leaves none of them (and no temporary) behind."""
+    paths = [Path(p) for _, p in outputs]
+    for path in paths:
+        if path.suffix != ".parquet":
+            raise PreprocessError(f"output must be a .parquet file, got {path}")
+    seen: dict[Path, int] = {}
+    for path in paths:
+        seen[path.resolve()] = seen.get(path.resolve(), 0) + 1
+    clashes = sorted(str(p) for p, n in seen.items() if n > 1)
+    if clashes:
+        raise PreprocessError(f"two outputs would be written to the same file: {', '.join(clashes)}")
+    temps: list[Path] = []
+    try:
+        for rows, path in zip((r for r, _ in outputs), paths, strict=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            temps.append(tmp)
+            pq.write_table(table, tmp)
+        for tmp, path in zip(temps, paths, strict=True):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    return paths
 
 
 @dataclass

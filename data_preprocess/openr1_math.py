@@ -1,4 +1,4 @@
-"""OpenR1-Math 46k (the ExGRPO training set, ALGORITHM.md §11) -> verl parquet.
+"""OpenR1-Math 46k (the ExGRPO training set, docs/algorithm.md §11) -> verl parquet.
 
 Input: the Hub dataset ``Elliott/Openr1-Math-46k-8192`` (via ``datasets.load_dataset``, when online) or a local
 parquet / jsonl / json file, in either shape:
@@ -9,7 +9,8 @@ parquet / jsonl / json file, in either shape:
   column (``--answer-key``, default: ``answer``, ``ground_truth`` or ``final_answer``).
 
 Output: one verl parquet (see data_preprocess/common.py) with the released system instruction
-(``--system-prompt luffy``; ``none`` for no system message; ``--system-prompt-file`` for your own), the stable
+(``--system-prompt luffy``; ``none`` for no system message; ``--system-prompt-file`` for your own) or, with
+``--prompt-style llama_base``, the paper's Llama-3.1-8B base prompt as the only message (exgrpo/prompts.py), the stable
 ``extra_info.question_id`` and a contiguous ``extra_info.index``.
 
 Rows are dropped, and counted, when the question is empty, the ground truth is empty or unusable, the
@@ -33,6 +34,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_preprocess.common import (
+    PROMPT_STYLE_HELP,
+    PROMPT_STYLES,
     PreprocessError,
     Report,
     build_prompt,
@@ -50,6 +53,7 @@ from data_preprocess.common import (
     verl_row,
     write_verl_parquet,
 )
+from exgrpo.prompts import RAW_CHAT_TEMPLATE
 
 HUB_ID = "Elliott/Openr1-Math-46k-8192"
 DEFAULT_DATA_SOURCE = "openr1_math"
@@ -128,7 +132,7 @@ def load_input(
 
 def run(args: argparse.Namespace) -> Report:
     progress = not args.no_progress
-    system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file)
+    system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
     rows, source, shape = load_input(args.input, args.hub_id, args.split, args.question_key, args.answer_key)
     if args.limit:
         rows = rows[: args.limit]
@@ -167,11 +171,15 @@ def run(args: argparse.Namespace) -> Report:
             report.add("dropped: duplicate question", 1)
             continue
         seen.add(qid)
-        unique.append({**r, "question_id": qid, "prompt": build_prompt(r["question"], system_prompt)})
+        prompt = build_prompt(r["question"], system_prompt, args.prompt_style)
+        unique.append({**r, "question_id": qid, "prompt": prompt})
     rows = unique
 
     if args.tokenizer:
-        lengths = prompt_token_lengths([r["prompt"] for r in rows], load_tokenizer(args.tokenizer), progress)
+        template = RAW_CHAT_TEMPLATE if args.prompt_style == "llama_base" else None  # as the launch script
+        lengths = prompt_token_lengths(
+            [r["prompt"] for r in rows], load_tokenizer(args.tokenizer), progress, chat_template=template
+        )
         too_long = [n > args.max_prompt_tokens for n in lengths]
         report.add(f"dropped: prompt > {args.max_prompt_tokens} tokens", sum(too_long))
         rows = [r for r, long in zip(rows, too_long, strict=True) if not long]
@@ -210,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-name", default="train", help="value of extra_info.split (default train)")
     p.add_argument("--tokenizer", help="tokenizer directory for the prompt-length filter (none: no filter)")
     p.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS)
-    p.add_argument("--system-prompt", default="luffy", help="luffy (released instruction, default) or none")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat", help=PROMPT_STYLE_HELP)
+    p.add_argument("--system-prompt", help="luffy (released instruction, default) or none")
     p.add_argument("--system-prompt-file", help="use this file's text as the system instruction instead")
     p.add_argument("--data-source", help=f"data_source of every row (default: the input's, else {DEFAULT_DATA_SOURCE})")
     p.add_argument("--question-key", help="question column of plain input (default: problem or question)")

@@ -7,7 +7,7 @@ verl's RL dataset convention (``data_source``, ``prompt`` as chat messages, ``ab
 
 - ``extra_info.question_id``: a stable string such as ``toy_add_23_58``. It depends only on the question
   (operator and operands), never on the seed, the level or the row order, so the experience pool can key
-  questions by it across runs and resumes;
+  questions by it across runs and resumes (docs/algorithm.md §2);
 - ``extra_info.difficulty``: the question's level (``easy``, ``medium``, ``hard`` by default), and
   ``data_source = toy_arithmetic_<level>``: verl's validation reports its metrics per data source, so the
   validation accuracy comes split by difficulty for free (``val-core/toy_arithmetic_hard/acc/mean@1``).
@@ -16,14 +16,7 @@ A level is a set of question families (operator, operand ranges, carries); the d
 carries and the digits, which is what makes a tiny transformer's success rate fall (docs/learning.md has the
 measured spread):
 
-======== ============================================================ ==========
-level    questions                                                    distinct
-======== ============================================================ ==========
-easy     a + b, a and b in 10..99, no carry (23 + 45)                 1,980
-medium   a + b, a and b in 10..99, at least one carry (27 + 45)       6,120
-hard     a + b, a in 100..999, b in 10..99 (327 + 45)                 81,000
-======== ============================================================ ==========
-
+======== ============================================================ ===
 Deterministic given the config: the same seed gives the same rows in the same order; train and val never share
 a question, and each level contributes the same number of rows to each split.
 

@@ -1,4 +1,4 @@
-"""Group-relative advantages on mixed groups (ALGORITHM.md §7).
+"""Group-relative advantages on mixed groups (docs/algorithm.md §7).
 
 A group is every row with the same question uid: the K fresh rollouts of an on-policy question, or the K−1
 fresh rollouts plus the replayed trajectory of a replayed question. A_i = r_i − mean(r of its group), the

@@ -3,18 +3,21 @@
 The trainer builds it with :meth:`ExGRPOConfig.from_dict`, passing the rollout group size ``k`` (K, from
 ``actor_rollout_ref.rollout.n``). Every error names the offending key as ``exgrpo.<path>`` and the allowed range,
 and unknown keys are rejected with a did-you-mean suggestion, so a typo stops the run at start-up instead of
-silently falling back to a default.
+silently falling back to a default. All problems are reported together: one :class:`ConfigError` lists every
+unknown key and every bad value (``ConfigError.problems``), so one run shows all there is to fix.
 
-Defaults follow ../shared/docs/ALGORITHM.md: the released code's behaviour where the paper and the release
+Defaults follow docs/algorithm.md: the released code's behaviour where the paper and the release
 disagree, and the decisions marked OUR CHOICE there (each one has a switch here).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +31,66 @@ POOL_STORAGE_CHOICES = ("arena", "per_entry")
 RESUME_POOL_CHOICES = ("required", "empty")
 TRAJECTORY_MODE_CHOICES = ("min", "max")
 SHAPING_CHOICES = ("policy_shaping", "none")
-FRESH_CLIP_CHOICES = ("released", "always")
+FRESH_CLIP_CHOICES = ("released", "always", "never")
+LOSS_SCALE_CHOICES = ("global", "per_rank")
+
+#: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
+REMOVED_KEYS = {
+    "entropy_token_budget": "the candidates are now scored inside verl's old-log-prob pass, which batches by "
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (dynamic batch size) or "
+    "log_prob_micro_batch_size_per_gpu; remove the key",
+}
 
 
 class ConfigError(ValueError):
-    """A wrong ``exgrpo.*`` value or key; the message names the key and the allowed range."""
+    """Wrong ``exgrpo.*`` values or keys; each problem names its key and the allowed range.
+
+    ``problems``: one line per problem. The message is that line when there is one, else a numbered list.
+    """
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            message = f"{len(self.problems)} problems in the exgrpo config:\n" + "\n".join(
+                f"  {i}. {p}" for i, p in enumerate(self.problems, 1)
+            )
+        super().__init__(message)
+
+
+# While validating, the checks append their problems here instead of raising at the first one.
+_PROBLEMS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("exgrpo_config_problems", default=None)
+
+
+@contextlib.contextmanager
+def _collecting() -> Iterator[list[str]]:
+    """Collect every problem found in the block and raise one ConfigError listing them all at its end. A
+    ConfigError raised directly in the block (a check that cannot go on) joins the problems found before it.
+    Nested blocks share the outermost list."""
+    outer = _PROBLEMS.get()
+    if outer is not None:
+        yield outer
+        return
+    problems: list[str] = []
+    token = _PROBLEMS.set(problems)
+    try:
+        yield problems
+    except ConfigError as e:
+        problems.extend(p for p in e.problems if p not in problems)
+    finally:
+        _PROBLEMS.reset(token)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _fail(message: str) -> bool:
+    """Report one problem: collected inside ``_collecting``, raised outside it. Returns False (check failed)."""
+    problems = _PROBLEMS.get()
+    if problems is None:
+        raise ConfigError(message)
+    problems.append(message)
+    return False
 
 
 @dataclass
@@ -67,7 +125,8 @@ class ExGRPOConfig:
     zero_success: str = "bucket0"
     #: 'start' (paper, OUR CHOICE: collect from step 1) or 'mixed' (released: only once mixed mode is on).
     collect_from: str = "start"
-    #: Stop drawing retired (K/K) questions as fresh prompts at once (OUR CHOICE) instead of at the next epoch.
+    #: Stop drawing retired (K/K) questions as fresh prompts at once (OUR CHOICE); false = released: they leave
+    #: the fresh prompt stream at the next epoch boundary, and only when the data set has > B + 20 questions.
     retire_fresh_prompts: bool = True
     #: Table 6 ablation "retired questions re-added": every `readd_retired_every` steps, this fraction of the
     #: retired questions (drawn at random) is un-retired and can be drawn as a fresh prompt again (0 = off).
@@ -98,8 +157,6 @@ class ExGRPOConfig:
     trajectory_mode: str = "min"
     #: Optional cap on candidates scored per question (the newest ones are kept); None = all.
     max_candidates_per_question: int | None = None
-    #: Tokens per forward batch of the entropy pass over the candidates.
-    entropy_token_budget: int = 16384
     #: n of the token n-grams the 'diversity' metric compares.
     diversity_ngram: int = 4
 
@@ -110,10 +167,22 @@ class ExGRPOConfig:
     shaping_beta: float = 0.1
     #: Importance ratio of replayed tokens against the stored behaviour log-probs (True) or the recomputed ones.
     is_correction: bool = True
-    #: Fresh tokens: 'released' (unclipped in the mixed phase, PPO clip before) or 'always' (paper Eq. 4 clip).
+    #: Fresh tokens: 'released' (unclipped in the mixed phase, PPO clip before; the on-policy baseline never
+    #: switches, so it keeps the clip), 'always' (paper Eq. 4 clip) or 'never' (unclipped -A*w for the whole
+    #: run, the baseline included).
     fresh_clip: str = "released"
+    #: verl's dual clip (actor.clip_ratio_c, for A < 0) on PPO-clipped fresh tokens; the release has none.
+    dual_clip: bool = False
     #: Weight the on-policy and experience terms by (1-rho) and rho (paper Eq. 4); the release does not.
+    #: The experience term is every row of a replayed question's group (stored member + K-1 fresh siblings).
     weight_terms_by_ratio: bool = False
+    #: Loss scale: 'global' (verl's seq-mean-token-sum-norm: token sums / (L_max x rows of the global
+    #: mini-batch); OUR CHOICE) or 'per_rank' (released: each data-parallel rank's token sum / L_max, gradients
+    #: averaged over ranks, so the scale grows with the rows per rank). See docs/objective.md.
+    loss_scale: str = "global"
+    #: Skip the optimiser update when the gradient norm (before clipping) exceeds this; null = off (verl: only
+    #: non-finite norms are skipped). The release uses 500 (at its loss scale, see loss_scale).
+    skip_grad_norm_above: float | None = None
 
     # ----------------------------------------------------------------------------------------------- derived
     @property
@@ -139,17 +208,21 @@ class ExGRPOConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"exgrpo must be a mapping of keys to values, got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
-        unknown = [str(key) for key in d if key not in names]
-        if unknown:
-            msgs = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-                msgs.append(f"exgrpo.{key}" + (f" (did you mean exgrpo.{close[0]}?)" if close else ""))
-            raise ConfigError(f"unknown key(s) {', '.join(msgs)}; allowed keys: {', '.join(names)}")
-        cfg = cls(**dict(d))
-        if k is not None:
-            cfg.k = k
-        cfg.validate()
+        with _collecting():
+            for key in d:
+                if key in REMOVED_KEYS:
+                    _fail(f"exgrpo.{key} was removed: {REMOVED_KEYS[key]}")
+            unknown = [str(key) for key in d if key not in names and key not in REMOVED_KEYS]
+            if unknown:
+                msgs = []
+                for key in unknown:
+                    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+                    msgs.append(f"exgrpo.{key}" + (f" (did you mean exgrpo.{close[0]}?)" if close else ""))
+                _fail(f"unknown key(s) {', '.join(msgs)}; allowed keys: {', '.join(names)}")
+            cfg = cls(**{key: value for key, value in d.items() if key in names})
+            if k is not None:
+                cfg.k = k
+            cfg.validate()  # the known keys' values are checked too, and reported with the unknown keys
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,15 +231,21 @@ class ExGRPOConfig:
 
     # ------------------------------------------------------------------------------------------- validation
     def validate(self) -> ExGRPOConfig:
-        """Check every range; raises :class:`ConfigError` naming ``exgrpo.<key>``. Returns self."""
+        """Check every range; raises one :class:`ConfigError` listing every problem, each naming ``exgrpo.<key>``.
+        Returns self."""
+        with _collecting():
+            self._validate()
+        return self
+
+    def _validate(self) -> None:
         _check_bool(self.enable, "enable")
         if self.k is None:
-            raise ConfigError(
+            k_ok = _fail(
                 "exgrpo.k (the rollout group size K, actor_rollout_ref.rollout.n) must be set; "
                 "pass it as ExGRPOConfig.from_dict(d, k=K)"
             )
-        _check_int(self.k, "k", lo=2, hint="K >= 2: a group needs two rollouts for a relative advantage")
-        k = self.k
+        else:
+            k_ok = _check_int(self.k, "k", lo=2, hint="K >= 2: a group needs two rollouts for a relative advantage")
         _check_int(self.seed, "seed", lo=0)
         _check_float(self.replay_ratio, "replay_ratio", lo=0.0, hi=1.0, hi_open=True)
         _check_int(self.replay_ratio_ramp_steps, "replay_ratio_ramp_steps", lo=0, hint="0 = constant rho")
@@ -181,20 +260,23 @@ class ExGRPOConfig:
             "negative means mixed from step 1; use exgrpo.enable=false for plain GRPO",
         )
 
-        _check_int(self.bucket_lbound, "bucket_lbound", lo=0, hi=k - 2)
-        if self.bucket_rbound is not None:
-            _check_int(
-                self.bucket_rbound,
-                "bucket_rbound",
-                lo=1,
-                hi=k - 1,
-                hint="k = K retires the question, so at most K-1; null means K-1",
-            )
-        if self.bucket_lbound >= self.resolved_rbound:
-            raise ConfigError(
-                f"exgrpo.bucket_lbound ({self.bucket_lbound}) must be < exgrpo.bucket_rbound "
-                f"({self.resolved_rbound}): a group enters the pool when lbound < k <= rbound"
-            )
+        if k_ok:  # the bucket bounds are checked against K
+            k = self.k
+            assert k is not None
+            bounds_ok = _check_int(self.bucket_lbound, "bucket_lbound", lo=0, hi=k - 2)
+            if self.bucket_rbound is not None:
+                bounds_ok &= _check_int(
+                    self.bucket_rbound,
+                    "bucket_rbound",
+                    lo=1,
+                    hi=k - 1,
+                    hint="k = K retires the question, so at most K-1; null means K-1",
+                )
+            if bounds_ok and self.bucket_lbound >= self.resolved_rbound:
+                _fail(
+                    f"exgrpo.bucket_lbound ({self.bucket_lbound}) must be < exgrpo.bucket_rbound "
+                    f"({self.resolved_rbound}): a group enters the pool when lbound < k <= rbound"
+                )
         _check_bool(self.count_replayed_in_k, "count_replayed_in_k")
         _check_choice(self.zero_success, "zero_success", ZERO_SUCCESS_CHOICES)
         _check_choice(self.collect_from, "collect_from", COLLECT_FROM_CHOICES)
@@ -230,21 +312,31 @@ class ExGRPOConfig:
                 lo=1,
                 hint="null = score every stored trajectory",
             )
-        _check_int(self.entropy_token_budget, "entropy_token_budget", lo=1)
         _check_int(self.diversity_ngram, "diversity_ngram", lo=1)
 
         _check_choice(self.shaping, "shaping", SHAPING_CHOICES)
         _check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)
         _check_bool(self.is_correction, "is_correction")
         _check_choice(self.fresh_clip, "fresh_clip", FRESH_CLIP_CHOICES)
+        _check_bool(self.dual_clip, "dual_clip")
         _check_bool(self.weight_terms_by_ratio, "weight_terms_by_ratio")
-        return self
+        _check_choice(self.loss_scale, "loss_scale", LOSS_SCALE_CHOICES)
+        if self.skip_grad_norm_above is not None:
+            _check_float(
+                self.skip_grad_norm_above,
+                "skip_grad_norm_above",
+                lo=0.0,
+                lo_open=True,
+                hint="null = off; the release skips updates whose gradient norm exceeds 500",
+            )
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-def _check_bool(value: Any, key: str) -> None:
+# Each check reports through ``_fail`` (collected during validation) and returns whether the value is valid.
+def _check_bool(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"exgrpo.{key} must be true or false, got {value!r}")
+        return _fail(f"exgrpo.{key} must be true or false, got {value!r}")
+    return True
 
 
 def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
@@ -253,13 +345,14 @@ def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool
     return f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
 
 
-def _check_int(value: Any, key: str, lo: int | None = None, hi: int | None = None, hint: str = "") -> None:
+def _check_int(value: Any, key: str, lo: int | None = None, hi: int | None = None, hint: str = "") -> bool:
     rng = _range_text(lo, hi, False, False)
     extra = f" ({hint})" if hint else ""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
+        return _fail(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ConfigError(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
+        return _fail(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
+    return True
 
 
 def _check_float(
@@ -270,20 +363,22 @@ def _check_float(
     lo_open: bool = False,
     hi_open: bool = False,
     hint: str = "",
-) -> None:
+) -> bool:
     rng = _range_text(lo, hi, lo_open, hi_open)
     extra = f" ({hint})" if hint else ""
     msg = f"exgrpo.{key} must be a number in {rng}{extra}, got {value!r}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(msg)
+        return _fail(msg)
     if lo is not None and (value < lo or (lo_open and value == lo)):
-        raise ConfigError(msg)
+        return _fail(msg)
     if hi is not None and (value > hi or (hi_open and value == hi)):
-        raise ConfigError(msg)
+        return _fail(msg)
+    return True
 
 
-def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
+def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> bool:
     if value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"exgrpo.{key} must be one of {list(choices)}, got {value!r}{hint}")
+        return _fail(f"exgrpo.{key} must be one of {list(choices)}, got {value!r}{hint}")
+    return True

@@ -1,4 +1,4 @@
-"""The mixed-policy objective of ExGRPO (ALGORITHM.md §8): shaping functions, the per-token mixed loss,
+"""The mixed-policy objective of ExGRPO (docs/algorithm.md §8): shaping functions, the per-token mixed loss,
 verl-compatible loss aggregation and the loss metrics.
 
 Pure torch, no verl import: the verl adapter (recipe/exgrpo) calls :func:`mixed_policy_loss` from its actor
@@ -24,7 +24,9 @@ import torch
 __all__ = [
     "AGG_MODES",
     "LOG_RATIO_CLAMP",
+    "LOSS_AGG_MODES",
     "LOSS_METRIC_KINDS",
+    "RANK_SUM_NORM",
     "SHAPING_REGISTRY",
     "ShapingFn",
     "aggregate_loss",
@@ -42,10 +44,15 @@ LOG_RATIO_CLAMP = 20.0
 
 # The aggregation modes of verl 0.9.1's agg_loss (core_algos.py), same names and arithmetic.
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# The released code's scale (exgrpo.loss_scale=per_rank): each data-parallel rank's token sum / L_max, with no
+# global normaliser; averaging gradients over ranks then gives (global token sum) / (dp_size · L_max).
+RANK_SUM_NORM = "rank-token-sum-norm"
+#: Every mode :func:`aggregate_loss` and :func:`mixed_policy_loss` accept: verl's plus :data:`RANK_SUM_NORM`.
+LOSS_AGG_MODES = AGG_MODES + (RANK_SUM_NORM,)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shaping registry (ALGORITHM.md §8): adding a shaping function is one decorated function.
+# Shaping registry (docs/algorithm.md §8): adding a shaping function is one decorated function.
 # ----------------------------------------------------------------------------------------------------------
 class ShapingFn(Protocol):
     def __call__(self, log_ratio: torch.Tensor, *, beta: float) -> torch.Tensor:
@@ -77,13 +84,13 @@ def get_shaping_fn(name: str) -> ShapingFn:
 
 @register_shaping("none")
 def shaping_none(log_ratio: torch.Tensor, *, beta: float) -> torch.Tensor:
-    """Plain importance ratio w (the "w/o policy shaping" ablation, ALGORITHM.md §8). ``beta`` is unused."""
+    """Plain importance ratio w (the "w/o policy shaping" ablation, docs/algorithm.md §8). ``beta`` is unused."""
     return torch.exp(log_ratio)
 
 
 @register_shaping("policy_shaping")
 def shaping_policy(log_ratio: torch.Tensor, *, beta: float) -> torch.Tensor:
-    """f(w) = w/(w+β) (ALGORITHM.md §8), computed as sigmoid(log w − log β).
+    """f(w) = w/(w+β) (docs/algorithm.md §8), computed as sigmoid(log w − log β).
 
     The sigmoid form is the same function but cannot overflow for any log-ratio, and its derivative
     sigmoid'(x) = f(1−f) = β·w/(w+β)² is the gradient weight the paper describes (0.083 at w = 1, β = 0.1).
@@ -121,9 +128,15 @@ def aggregate_loss(
     (default: ``response_len``, as verl).
 
     Differences from verl, only where verl returns NaN: an all-zero mask gives 0 instead of 0/0.
+
+    One mode verl does not have, :data:`RANK_SUM_NORM` (``"rank-token-sum-norm"``): the local masked token sum
+    divided by ``loss_scale_factor`` (default ``response_len``), with no ``dp_size`` factor and no global counts.
+    Summed over micro-batches it is the rank's token sum / L_max, the released code's loss; after the gradient
+    average over ranks the update is Σ_all tokens / (dp_size · L_max), where ``seq-mean-token-sum-norm`` with
+    global counts gives Σ_all tokens / (global rows · L_max).
     """
-    if loss_agg_mode not in AGG_MODES:
-        raise ValueError(f"invalid loss_agg_mode {loss_agg_mode!r}; expected one of {AGG_MODES}")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"invalid loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
     if loss_mat.shape != loss_mask.shape:
         raise ValueError(f"loss_mat shape {tuple(loss_mat.shape)} != loss_mask shape {tuple(loss_mask.shape)}")
     if dp_size < 1:
@@ -140,6 +153,8 @@ def aggregate_loss(
         return masked.sum() / _as_denominator(global_token_count, masked) * dp_size
     if loss_agg_mode == "token-sum":
         return masked.sum() * dp_size
+    if loss_agg_mode == RANK_SUM_NORM:
+        return masked.sum() / _scale_factor(loss_scale_factor, loss_mask)
 
     if loss_agg_mode == "seq-mean-token-mean":
         seq_tokens = mask.sum(dim=-1)
@@ -155,11 +170,15 @@ def aggregate_loss(
         global_seq_count = seq_valid.sum()
     loss = (seq_losses * seq_valid).sum() / _as_denominator(global_seq_count, masked) * dp_size
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-        if scale <= 0:
-            raise ValueError(f"loss_scale_factor must be > 0, got {loss_scale_factor}")
-        loss = loss / scale
+        loss = loss / _scale_factor(loss_scale_factor, loss_mask)
     return loss
+
+
+def _scale_factor(loss_scale_factor: float | None, loss_mask: torch.Tensor) -> float:
+    scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+    if scale <= 0:
+        raise ValueError(f"loss_scale_factor must be > 0, got {loss_scale_factor}")
+    return scale
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -231,9 +250,10 @@ def mixed_policy_loss(
     experience_group_mask: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
+    entropy_agg_mode: str | None = None,
     metric_prefix: str = "exgrpo/",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """ExGRPO's mixed-policy loss (ALGORITHM.md §8) for one micro-batch; returns (loss, metrics).
+    """ExGRPO's mixed-policy loss (docs/algorithm.md §8) for one micro-batch; returns (loss, metrics).
 
     Tensors are [batch, response_len] except ``replay_mask`` ([batch] bool: the row is a replayed trajectory)
     and ``advantages`` ([batch, response_len] or per-row [batch]). ``behaviour_log_prob`` (the stored
@@ -241,7 +261,8 @@ def mixed_policy_loss(
     None when no row is replayed or ``is_correction`` is False; its values on fresh rows are ignored.
 
     Args:
-        loss_agg_mode: one of :data:`AGG_MODES` (verl's names and arithmetic; see :func:`aggregate_loss`).
+        loss_agg_mode: one of :data:`LOSS_AGG_MODES` (verl's names and arithmetic, plus the released code's
+            per-rank sum; see :func:`aggregate_loss`).
         shaping: name in :data:`SHAPING_REGISTRY` applied to replayed tokens; ``shaping_beta`` is its β.
         is_correction: replayed ratio against the stored behaviour log-probs (True) or the recomputed old
             log-probs ("w/o IS correction" ablation).
@@ -256,7 +277,8 @@ def mixed_policy_loss(
             :func:`exgrpo.advantage.experience_group_rows`), else the replayed rows. Off by default (the
             released code weights only through the batch split). The weights multiply token losses under
             the common normaliser.
-        entropy, entropy_coeff: entropy bonus, aggregated like the policy loss: loss −= coeff · agg(entropy).
+        entropy, entropy_coeff: entropy bonus, aggregated like the policy loss: loss −= coeff · agg(entropy),
+            or with ``entropy_agg_mode`` when given (the released code's bonus is a token mean).
         metric_prefix: prefix of every metric name (see :data:`LOSS_METRIC_KINDS` for the names).
     """
     # ---- validation (clear errors naming the argument) ----
@@ -272,8 +294,10 @@ def mixed_policy_loss(
         raise ValueError(
             f"replay_mask must have shape ({shape[0]},) (one flag per row), got {tuple(replay_mask.shape)}"
         )
-    if loss_agg_mode not in AGG_MODES:
-        raise ValueError(f"invalid loss_agg_mode {loss_agg_mode!r}; expected one of {AGG_MODES}")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"invalid loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
+    if entropy_agg_mode is not None and entropy_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"invalid entropy_agg_mode {entropy_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
     shaping_fn = get_shaping_fn(shaping)
     if not shaping_beta > 0:
         raise ValueError(f"shaping_beta must be > 0, got {shaping_beta}")
@@ -334,6 +358,8 @@ def mixed_policy_loss(
                     f"experience_group_mask must have shape ({shape[0]},), got {tuple(experience_group_mask.shape)}"
                 )
             term_rows = experience_group_mask.to(device=mask.device).bool()
+            if bool((replay_rows & ~term_rows).any()):
+                raise ValueError("experience_group_mask must include every replayed row (its group is replayed)")
         else:
             term_rows = replay_rows
         term_weight = torch.where(term_rows, replay_ratio, 1.0 - replay_ratio).to(log_prob.dtype)
@@ -350,7 +376,7 @@ def mixed_policy_loss(
 
     entropy_loss = None
     if entropy is not None:
-        entropy_loss = aggregate_loss(entropy, mask, loss_agg_mode, **agg_kwargs)
+        entropy_loss = aggregate_loss(entropy, mask, entropy_agg_mode or loss_agg_mode, **agg_kwargs)
         loss = loss - entropy_coeff * entropy_loss
 
     # ---- metrics (floats; detached) ----

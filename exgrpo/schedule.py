@@ -1,4 +1,4 @@
-"""Delayed start and the replay-ratio schedule (ALGORITHM.md §6, §9).
+"""Delayed start and the replay-ratio schedule (docs/algorithm.md §6, §9).
 
 Mixed mode (replayed questions in the batch) starts after the first step whose batch pass rate, (responses
 with reward 1) / (B*K), is strictly greater than tau, and never switches off. A negative tau means mixed from

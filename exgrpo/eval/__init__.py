@@ -1,4 +1,4 @@
-"""Evaluation for the paper's protocol (ALGORITHM.md §12): generation backends (vLLM, Hugging Face), grading with
+"""Evaluation for the paper's protocol (docs/algorithm.md §12): generation backends (vLLM, Hugging Face), grading with
 the reward's checker, avg@k / pass@k metrics, and paper-style tables, JSON/CSV results and charts.
 
 Command line: ``python -m exgrpo.eval {run,generate,score,report} ...`` (see ``exgrpo.eval.cli``).

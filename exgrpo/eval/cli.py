@@ -1,4 +1,4 @@
-"""``python -m exgrpo.eval`` / ``exgrpo-eval``: generate, grade and report, following ALGORITHM.md §12.
+"""``python -m exgrpo.eval`` / ``exgrpo-eval``: generate, grade and report, following docs/algorithm.md §12.
 
 Subcommands:
   run       generate (resumable) + grade + report, for one checkpoint and one or more benchmark parquets
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from typing import Any
 
 from exgrpo.eval.generate import (
     BACKENDS,
+    TEMPLATES,
     EvalRow,
     GenerationBackend,
     GenerationStore,
@@ -42,7 +44,17 @@ from exgrpo.eval.generate import (
     plan_samples,
     read_generations,
 )
-from exgrpo.eval.grading import DEFAULT_GRADER, Grader, grade_records, summarize
+from exgrpo.eval.grading import DEFAULT_GRADER, DEFAULT_GRADING, GRADING_MODES, Grader, grade_records, summarize
+from exgrpo.eval.parallel import (
+    REPLICA_DIR,
+    ReplicaSpec,
+    merge_shards,
+    replica_devices,
+    run_replicas,
+    shard_path,
+    shard_paths,
+    shard_work,
+)
 from exgrpo.eval.report import (
     REFERENCE_CHOICES,
     EvalResults,
@@ -70,6 +82,7 @@ class EvalConfig:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     batch_size: int | None = None  # sequences per generation call; default per backend
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # engine replicas, one process each on its own GPUs (exgrpo.eval.parallel)
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     dtype: str = "auto"
@@ -78,7 +91,8 @@ class EvalConfig:
     max_questions_per_source: int | None = None
     max_rows: int | None = None
     grader: str = DEFAULT_GRADER
-    think_gate: bool = True
+    grading: str = DEFAULT_GRADING  # "paper" (final-evaluation rule) or "reward" (the training reward's rule)
+    think_gate: bool = True  # only with grading="reward"
     grader_timeout_s: float = 10.0
     reference: str = "table1"
     reference_file: str | None = None
@@ -89,6 +103,13 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size and data_parallel_size must be >= 1, got {self.tensor_parallel_size}, "
+                f"{self.data_parallel_size}"
+            )
+        if self.grading not in GRADING_MODES:
+            raise ValueError(f"grading must be one of {GRADING_MODES}, got {self.grading!r}")
         if self.reference not in REFERENCE_CHOICES:
             raise ValueError(f"reference must be one of {REFERENCE_CHOICES}, got {self.reference!r}")
         if not self.data:
@@ -103,11 +124,11 @@ class EvalConfig:
         return pathlib.Path(self.out_dir)
 
     def resolved_label(self) -> str:
-        """``label``, else from the model path: ``exp/global_step_500/actor/huggingface`` -> ``exp/global_step_500``."""
+        """``label``, else from the model path: ``exp/global_step_500/merged_hf`` -> ``exp/global_step_500``."""
         if self.label:
             return self.label
         parts = [p for p in pathlib.Path(self.model.rstrip("/")).parts if p not in ("/", "")]
-        while len(parts) > 1 and parts[-1] in ("huggingface", "hf", "actor"):
+        while len(parts) > 1 and parts[-1] in ("huggingface", "hf", "merged_hf", "actor"):
             parts.pop()
         if not parts:
             return self.model
@@ -147,27 +168,34 @@ def _run_file(cfg: EvalConfig) -> pathlib.Path:
 
 
 def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[str, int]:
-    """Generate every missing (row, sample) of every data file; returns new samples per file."""
+    """Generate every missing (row, sample) of every data file; returns new samples per file.
+
+    With ``data_parallel_size`` > 1 (and no ``backend`` given) the work is split over that many engine replicas,
+    one process each on its own GPUs (``exgrpo.eval.parallel``)."""
     rows = {data: cfg.load_rows(data) for data in cfg.data}  # bad files or filters stop here, before anything
     cfg.out.mkdir(parents=True, exist_ok=True)
-    stores = {}
+    stores, fingerprints = {}, {}
     for data in cfg.data:  # open every store before the model loads: a settings mismatch stops early
-        fp = generation_fingerprint(
+        fingerprints[data] = generation_fingerprint(
             model=cfg.model, backend=cfg.backend, data=data, prompt_format=cfg.prompt_format, sampling=cfg.sampling
         )
-        stores[data] = GenerationStore.open(cfg.generation_path(data), fp, overwrite=cfg.overwrite)
-    pending = {
-        data: sum(
-            1
-            for r in rows[data]
-            for s in range(plan_samples(rows[data], cfg.sampling.n_samples)[r.row])
-            if (r.row, s) not in stores[data].records
-        )
-        for data in cfg.data
-    }
+        stores[data] = GenerationStore.open(cfg.generation_path(data), fingerprints[data], overwrite=cfg.overwrite)
+        if cfg.overwrite:
+            for shard in shard_paths(stores[data].path):
+                shard.unlink()
+        merge_shards(stores[data])  # what replicas of an interrupted run left behind
+    before = {data: len(stores[data].records) for data in cfg.data}
+    pending = {data: _missing(rows[data], stores[data], cfg.sampling) for data in cfg.data}
     meta = _run_metadata(cfg, backend=None)
+    replicas = backend is None and cfg.data_parallel_size > 1
     if any(pending.values()):
         if backend is None:
+            check_model_dir(cfg.model)
+        if replicas:
+            from transformers import AutoTokenizer  # the parent needs the template's hash only, not the model
+
+            meta = _run_metadata(cfg, backend=_TokenizerOnly(AutoTokenizer.from_pretrained(cfg.model)))
+        elif backend is None:
             backend = build_backend(
                 cfg.backend,
                 cfg.model,
@@ -178,8 +206,13 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 max_model_len=cfg.max_model_len,
             )
-        meta = _run_metadata(cfg, backend=backend)
+            meta = _run_metadata(cfg, backend=backend)
+        else:
+            meta = _run_metadata(cfg, backend=backend)
     _run_file(cfg).write_text(json.dumps({"config": cfg.to_dict(), "metadata": meta}, indent=2), encoding="utf-8")
+    if replicas and any(pending.values()):
+        _generate_with_replicas(cfg, pending, stores, fingerprints)
+        return {data: len(stores[data].records) - before[data] for data in cfg.data}
     generated = {}
     for data in cfg.data:
         if not pending[data]:
@@ -198,8 +231,75 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
     return generated
 
 
+MERGE_COMMAND = (
+    "python -m verl.model_merger merge --backend fsdp --local_dir {actor} --target_dir {actor_parent}/merged_hf"
+)
+
+
+def check_model_dir(model: str) -> None:
+    """A local model directory must hold weights. verl's ``global_step_N/actor/huggingface`` holds only the config
+    and tokenizer with the default checkpoint contents: say how to merge the FSDP shards instead of failing deep in
+    the engine."""
+    path = pathlib.Path(model)
+    if not path.is_dir():
+        return  # a Hub id, or a path the backend reports itself
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return
+    message = f"{model} holds no model weights (*.safetensors / *.bin)"
+    actor = path.parent if path.name == "huggingface" else path
+    if actor.name == "actor":
+        message += (
+            ": it is a verl checkpoint folder, whose weights are FSDP shards; merge them first with\n  "
+            + MERGE_COMMAND.format(actor=actor, actor_parent=actor.parent)
+            + f"\nand evaluate {actor.parent / 'merged_hf'}"
+        )
+    raise FileNotFoundError(message)
+
+
+@dataclass
+class _TokenizerOnly:
+    tokenizer: Any
+
+
+def _missing(rows: list[EvalRow], store: GenerationStore, sampling: SamplingSettings) -> dict[int, list[int]]:
+    """``{row: [sample, ...]}`` of the planned samples ``store`` does not hold."""
+    plan = plan_samples(rows, sampling.n_samples)
+    out = {r.row: [s for s in range(plan[r.row]) if (r.row, s) not in store.records] for r in rows}
+    return {r: s for r, s in out.items() if s}
+
+
+def _generate_with_replicas(
+    cfg: EvalConfig,
+    pending: dict[str, dict[int, list[int]]],
+    stores: dict[str, GenerationStore],
+    fingerprints: dict[str, dict[str, Any]],
+) -> None:
+    # One GPU per HF replica; a vLLM replica spans tensor_parallel_size GPUs.
+    tp = cfg.tensor_parallel_size if cfg.backend == "vllm" else 1
+    devices = replica_devices(cfg.data_parallel_size, tp, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    work_dir = cfg.out / REPLICA_DIR
+    specs = [
+        ReplicaSpec(
+            index=i,
+            config=cfg.to_dict(),
+            work=shard,
+            shards={d: str(shard_path(cfg.generation_path(d), i)) for d in shard},
+            fingerprints={d: fingerprints[d] for d in shard},
+            status_file=str(work_dir / f"replica{i}.status.json"),
+        )
+        for i, shard in enumerate(shard_work(pending, cfg.data_parallel_size))
+        if shard
+    ]
+    total = sum(len(s) for rows in pending.values() for s in rows.values())
+    try:
+        run_replicas(specs, devices, work_dir, total=total, progress=cfg.progress)
+    finally:
+        for store in stores.values():  # what every replica finished, also after a failure or an interruption
+            merge_shards(store)
+
+
 def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[str, Any]:
-    """What the results must carry (ALGORITHM.md §12: vLLM version, template and grader change scores)."""
+    """What the results must carry (docs/algorithm.md §12: vLLM version, template and grader change scores)."""
     old = {}
     if _run_file(cfg).is_file():
         old = json.loads(_run_file(cfg).read_text(encoding="utf-8")).get("metadata", {})
@@ -212,6 +312,7 @@ def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[st
         "model": cfg.model,
         "backend": cfg.backend,
         "tensor_parallel_size": cfg.tensor_parallel_size if cfg.backend == "vllm" else None,
+        "data_parallel_size": cfg.data_parallel_size,
         "template": {
             "kind": cfg.prompt_format.template,
             "chat_template_sha": sha,
@@ -234,7 +335,7 @@ def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[st
 def score(cfg: EvalConfig, grader: Grader | None = None, *, allow_partial: bool = False) -> EvalResults:
     """Grade the planned generations of every data file and summarise them per benchmark."""
     if grader is None:
-        grader = Grader(cfg.grader, think_gate=cfg.think_gate, timeout_s=cfg.grader_timeout_s)
+        grader = Grader(cfg.grader, think_gate=cfg.think_gate, timeout_s=cfg.grader_timeout_s, grading=cfg.grading)
     graded_all = []
     data_meta = []
     for data in cfg.data:
@@ -305,10 +406,21 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
         p.add_argument("--data", nargs="+", required=True, help="benchmark parquet file(s) in verl format")
         p.add_argument("--backend", choices=BACKENDS, default="vllm", help="vllm on GPUs (the paper's), hf on CPU")
         p.add_argument("--label", help="row name in the table (default: from the model path)")
-        p.add_argument("--template", choices=("chat", "plain"), default="chat", help="prompt template")
+        p.add_argument(
+            "--template",
+            choices=TEMPLATES,
+            default="chat",
+            help="chat: the model's own chat template (default); plain: contents joined; llama_base: the paper's "
+            "Llama-3.1-8B base prompt",
+        )
         sys_group = p.add_mutually_exclusive_group()
-        sys_group.add_argument("--system-prompt", help="replace the dataset's system prompt with this text")
-        sys_group.add_argument("--no-system-prompt", action="store_true", help="drop the dataset's system prompt")
+        sys_group.add_argument("--system-prompt", help="replace the dataset's system message with this text")
+        sys_group.add_argument(
+            "--no-system-prompt", action="store_true", help="drop the dataset's system message (the default)"
+        )
+        sys_group.add_argument(
+            "--keep-system-prompt", action="store_true", help="keep the dataset's system message (not the paper's)"
+        )
         p.add_argument("--temperature", type=float, default=0.6)
         p.add_argument("--top-p", type=float, default=1.0)
         p.add_argument("--max-new-tokens", type=int, default=8192)
@@ -322,6 +434,13 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--batch-size", type=int, help="sequences per generation call (default: hf 8, vllm 2048)")
         p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM tensor parallel size (GPUs)")
+        p.add_argument(
+            "--data-parallel-size",
+            type=int,
+            default=1,
+            help="engine replicas, one process each on tensor-parallel-size GPUs of CUDA_VISIBLE_DEVICES "
+            "(all GPUs used: GPUs / tensor parallel size)",
+        )
         p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM")
         p.add_argument("--max-model-len", type=int, help="vLLM context length (default: the model's)")
         p.add_argument("--dtype", default="auto", help="model dtype (auto: bf16 on GPU, fp32 on CPU for hf)")
@@ -333,22 +452,28 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
     if grading:
         p.add_argument("--grader", default=DEFAULT_GRADER, help="checker as module:function")
         p.add_argument(
+            "--grading",
+            choices=GRADING_MODES,
+            default=DEFAULT_GRADING,
+            help="paper (default): the last \\boxed{} after the first </think> (whole text without one), no box "
+            "= wrong; reward: the training reward's rule (think gate, unboxed answers accepted)",
+        )
+        p.add_argument(
             "--think-gate",
             action=argparse.BooleanOptionalAction,
             default=True,
-            help="count an answer only after a closing </think> (on for think-template models, off for "
-            "base/instruct models)",
+            help="with --grading reward: count an answer only after a closing </think>",
         )
         p.add_argument("--grader-timeout", type=float, default=10.0, help="seconds per answer")
         p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1", help="paper rows to print")
-        p.add_argument("--reference-file", help="read the reference rows from PAPER_RESULTS.md instead")
+        p.add_argument("--reference-file", help="read the reference rows from a Markdown file (docs/paper_results.md)")
         p.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="exgrpo-eval", description="ExGRPO evaluation (paper protocol: ALGORITHM.md §12)."
+        prog="exgrpo-eval", description="ExGRPO evaluation (paper protocol: docs/algorithm.md §12)."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_common(sub.add_parser("run", help="generate + grade + report"), generation=True, grading=True)
@@ -360,13 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", nargs="+", help="results.json file(s); rows with the same label are merged")
     p.add_argument("--out", help="also write table.md, table.csv and table.png here")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1")
-    p.add_argument("--reference-file", help="read the reference rows from PAPER_RESULTS.md instead")
+    p.add_argument("--reference-file", help="read the reference rows from a Markdown file (docs/paper_results.md)")
     p.add_argument("--no-plot", action="store_true")
     return parser
 
 
 def _config_from_args(a: argparse.Namespace) -> EvalConfig:
-    system_prompt = "" if a.no_system_prompt else a.system_prompt
+    system_prompt = None if a.keep_system_prompt else "" if a.system_prompt is None else a.system_prompt
     return EvalConfig(
         model=a.model,
         data=list(a.data),
@@ -383,6 +508,7 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
         ),
         batch_size=a.batch_size,
         tensor_parallel_size=a.tensor_parallel_size,
+        data_parallel_size=a.data_parallel_size,
         gpu_memory_utilization=a.gpu_memory_utilization,
         max_model_len=a.max_model_len,
         dtype=a.dtype,
@@ -391,6 +517,7 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
         max_questions_per_source=a.max_questions_per_source,
         max_rows=a.max_rows,
         grader=getattr(a, "grader", DEFAULT_GRADER),
+        grading=getattr(a, "grading", DEFAULT_GRADING),
         think_gate=getattr(a, "think_gate", True),
         grader_timeout_s=getattr(a, "grader_timeout", 10.0),
         reference=getattr(a, "reference", "table1"),
@@ -424,7 +551,11 @@ def _main(a: argparse.Namespace) -> int:
         if not run_file.is_file():
             raise SystemExit(f"error: {run_file} not found; run 'generate' (or 'run') with --out {a.out} first")
         cfg = EvalConfig.from_dict(json.loads(run_file.read_text(encoding="utf-8"))["config"])
-        cfg.grader, cfg.think_gate, cfg.grader_timeout_s = a.grader, a.think_gate, a.grader_timeout
+        # The generations are read from, and everything is written into, --out: a copied output directory can
+        # be re-graded without touching the directory it was copied from (run.json still names that one).
+        cfg.out_dir = a.out
+        cfg.grader, cfg.grading = a.grader, a.grading
+        cfg.think_gate, cfg.grader_timeout_s = a.think_gate, a.grader_timeout
         cfg.reference, cfg.reference_file, cfg.plot = a.reference, a.reference_file, not a.no_plot
         cfg.progress = not a.no_progress
         results = score(cfg, allow_partial=a.allow_partial)

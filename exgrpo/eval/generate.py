@@ -1,4 +1,4 @@
-"""Answer generation for the evaluation protocol (ALGORITHM.md §12): data loading, prompt rendering, the
+"""Answer generation for the evaluation protocol (docs/algorithm.md §12): data loading, prompt rendering, the
 sample plan (avg@32 on AIME/AMC, one sample elsewhere), the vLLM and Hugging Face backends, and a resumable
 JSONL writer.
 
@@ -26,6 +26,7 @@ from importlib import metadata
 from typing import Any, Protocol
 
 from exgrpo.eval.metrics import canonical_benchmark, protocol_samples_per_question
+from exgrpo.prompts import llama_base_prompt
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 
@@ -110,24 +111,35 @@ def load_benchmark_rows(
 # --- prompts -------------------------------------------------------------------------------------------------
 
 
+TEMPLATES = ("chat", "plain", "llama_base")
+
+
 @dataclass
 class PromptFormat:
     """How a row's messages become the model's input.
 
-    template: "chat" applies the tokenizer's chat template with the generation prompt (the paper's setting);
-              "plain" joins the message contents with blank lines (for base models without a chat template).
-    system_prompt: None keeps the dataset's system message; "" drops it; any other text replaces it.
+    template: "chat" applies the model's own chat template with the generation prompt (the paper's setting);
+              "plain" joins the message contents with blank lines (base models without a chat template);
+              "llama_base" is the paper's Llama-3.1-8B base prompt around the user message
+              ("User: {question} Answer: Let's think step by step.\n", no system prompt; exgrpo.prompts).
+    system_prompt: "" (default) drops the dataset's system message, as the paper's evaluation does, so the
+              model's own template decides (Qwen's adds its default system message); None keeps the dataset's;
+              any other text replaces it.
+    Plain and llama_base prompts start with the tokenizer's BOS token when it has one (a chat template writes
+    its own); prompts are tokenised without adding special tokens.
     """
 
     template: str = "chat"
-    system_prompt: str | None = None
+    system_prompt: str | None = ""
 
     def __post_init__(self) -> None:
-        if self.template not in ("chat", "plain"):
-            raise ValueError(f"template must be 'chat' or 'plain', got {self.template!r}")
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template must be one of {TEMPLATES}, got {self.template!r}")
 
     @property
     def system_prompt_mode(self) -> str:
+        if self.template == "llama_base":
+            return "none"
         return "dataset" if self.system_prompt is None else "none" if self.system_prompt == "" else "custom"
 
     def messages(self, messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
@@ -140,9 +152,15 @@ class PromptFormat:
         return out
 
     def render(self, tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
+        bos = getattr(tokenizer, "bos_token", None) or ""
+        if self.template == "llama_base":
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            if not users:
+                raise ValueError("template='llama_base' needs a user message in every row")
+            return bos + llama_base_prompt(users[-1])
         msgs = self.messages(messages)
         if self.template == "plain":
-            return "\n\n".join(m["content"] for m in msgs) + "\n"
+            return bos + "\n\n".join(m["content"] for m in msgs) + "\n"
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("template='chat' but the tokenizer has no chat_template; use template='plain'")
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -162,7 +180,7 @@ def chat_template_sha(tokenizer: Any) -> str | None:
 
 @dataclass
 class SamplingSettings:
-    """The protocol's sampling (ALGORITHM.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
+    """The protocol's sampling (docs/algorithm.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
 
     n_samples: None follows the protocol (32 samples per AIME24/AIME25/AMC question, split over the question's
     repeated rows, so test_id.parquet — already repeated 32x — gets one sample per row); an int is the number of
@@ -235,7 +253,7 @@ def package_version(name: str) -> str | None:
 
 
 def library_versions() -> dict[str, str | None]:
-    """Versions that change scores or their meaning (ALGORITHM.md §12: record the vLLM version)."""
+    """Versions that change scores or their meaning (docs/algorithm.md §12: record the vLLM version)."""
     import platform
 
     names = ("vllm", "transformers", "torch", "tokenizers", "math-verify", "exgrpo")
@@ -530,18 +548,23 @@ def generate_to_jsonl(
     progress: bool = True,
     desc: str | None = None,
     on_batch: Callable[[int], None] | None = None,
+    samples: Mapping[int, Sequence[int]] | None = None,
 ) -> int:
     """Generate every planned ``(row, sample)`` missing from ``store``; return how many samples were generated.
 
     ``batch_size`` counts sequences (a row with n samples counts n). Each batch is appended and flushed before
-    the next starts, so an interruption loses at most one batch.
+    the next starts, so an interruption loses at most one batch. ``samples`` (``{row: [sample, ...]}``) gives
+    the samples to draw instead of the plan of ``rows``: a data-parallel replica gets its share this way, since
+    the plan of a subset of a question's repeated rows is not the plan of the whole file.
     """
     from tqdm.auto import tqdm
 
-    plan = plan_samples(rows, sampling.n_samples)
+    if samples is None:
+        plan = plan_samples(rows, sampling.n_samples)
+        samples = {r.row: range(plan[r.row]) for r in rows}
     todo: OrderedDict[int, list[int]] = OrderedDict()
     for r in rows:
-        missing = [s for s in range(plan[r.row]) if (r.row, s) not in store.records]
+        missing = [s for s in samples.get(r.row, ()) if (r.row, s) not in store.records]
         if missing:
             todo[r.row] = missing
     total = sum(len(v) for v in todo.values())

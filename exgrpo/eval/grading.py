@@ -1,12 +1,17 @@
-"""Grading generated answers with the reward's checker, and turning grades into per-benchmark metrics.
+"""Grading generated answers, and turning grades into per-benchmark metrics.
 
-The grader is the same verifiable checker as the training reward (``exgrpo.reward``: last ``\\boxed{}``,
-math-verify equivalence; option letters for ARC-c / GPQA / MMLU-Pro), so evaluation and training agree on what
-"correct" means (ALGORITHM.md §10, §12). Any other checker can be plugged in as ``module:function``.
+Two answer rules (``Grader.grading``), both recorded with every result because they change scores:
 
-The think gate: for models trained with the think template the answer only counts when the response closes its
-``</think>`` block (the answer is read after it); base and instruct models do not write think blocks, so the gate
-must be off for them. It changes scores, so it is recorded with every result.
+``paper`` (the default): the paper's final evaluation. The answer is the last ``\\boxed{}`` in the text after
+the *first* ``</think>`` when the response has one, else in the whole response: a missing ``</think>`` is not
+penalised at test time. A response without a ``\\boxed{}`` there is wrong (outcome ``no_boxed``), so "The answer
+is 42." scores 0. The boxed answer is then checked by the training reward's checker (``exgrpo.reward``:
+math-verify equivalence; the boxed option letter for ARC-c / GPQA / MMLU-Pro).
+
+``reward``: exactly the training reward (``exgrpo.reward.grade``): with the think gate the text after the last
+``</think>`` and 0 without one; without the gate the whole response, where an unboxed final number still counts.
+
+Any other checker can be plugged in as ``module:function``; under ``paper`` it receives ``\\boxed{answer}``.
 """
 
 from __future__ import annotations
@@ -20,19 +25,26 @@ from typing import Any
 
 from exgrpo.eval.generate import package_version
 from exgrpo.eval.metrics import BenchmarkMetrics, compute_benchmark_metrics
+from exgrpo.reward import THINK_CLOSE, grade_batch, last_boxed
 
 DEFAULT_GRADER = "exgrpo.reward:score"
-THINK_CLOSE = "</think>"
+GRADING_MODES = ("paper", "reward")
+DEFAULT_GRADING = "paper"
+NO_BOXED = "no_boxed"  # outcome of the paper rule: no \boxed{} where the answer must be
 
 
-def _reward_batch() -> Callable[..., Any] | None:
-    """``exgrpo.reward.grade_batch``: parallel grading in the reward's worker processes, with an outcome per
-    answer (correct / wrong / no_think / no_answer / timeout / error)."""
-    try:
-        from exgrpo.reward import grade_batch
-    except ImportError:
-        return None
-    return grade_batch
+def paper_answer(response: str) -> str | None:
+    """The answer the paper's final evaluation grades: the content of the last ``\\boxed{}`` in the text after
+    the first ``</think>`` (the whole response when it has none); None when there is no boxed answer there."""
+    idx = response.find(THINK_CLOSE)
+    region = response if idx < 0 else response[idx + len(THINK_CLOSE) :]
+    return last_boxed(region)
+
+
+def as_boxed(answer: str) -> str:
+    """``answer`` as the one boxed expression the reward's checker then reads (its braces are balanced: it came
+    out of a matched ``\\boxed{...}``)."""
+    return "\\boxed{" + answer + "}"
 
 
 def _resolve(spec: str) -> Callable[..., Any]:
@@ -64,38 +76,57 @@ def _as_score(value: Any, spec: str) -> float:
 
 @dataclass
 class Grader:
-    """A correctness checker with the evaluation's settings; ``grader(response, ground_truth, data_source)``."""
+    """A correctness checker with the evaluation's settings; ``grader(response, ground_truth, data_source)``.
+
+    ``grading``: "paper" (the paper's final-evaluation rule, see the module doc) or "reward" (the training
+    reward's rule, with ``think_gate``). ``think_gate`` only applies to "reward".
+    """
 
     spec: str = DEFAULT_GRADER
     think_gate: bool = True
     timeout_s: float = 10.0
     fn: Callable[..., Any] | None = field(default=None, repr=False)
+    grading: str = DEFAULT_GRADING
 
     def __post_init__(self) -> None:
+        if self.grading not in GRADING_MODES:
+            raise ValueError(f"grading must be one of {GRADING_MODES}, got {self.grading!r}")
         # The reward's own checker is graded in bulk through its batch API; any other checker one by one.
-        self._batch = _reward_batch() if self.fn is None and self.spec == DEFAULT_GRADER else None
+        self._batch = self.fn is None and self.spec == DEFAULT_GRADER
         if self.fn is None:
             self.fn = _resolve(self.spec)
         params = inspect.signature(self.fn).parameters
         takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        # Under the paper rule the checker gets the boxed answer alone: no think gate there.
+        gate = self.think_gate and self.grading == "reward"
         self._kw = {
             name: value
-            for name, value in (("think_gate", self.think_gate), ("timeout_s", self.timeout_s))
+            for name, value in (("think_gate", gate), ("timeout_s", self.timeout_s))
             if takes_kwargs or name in params
         }
         self._pass_source = takes_kwargs or "data_source" in params
         # A checker without its own think gate gets it applied here, with the same meaning.
-        self._gate_here = self.think_gate and "think_gate" not in self._kw
+        self._gate_here = gate and "think_gate" not in self._kw
+
+    def _checked_text(self, response: str) -> str | None:
+        """What the checker sees: the boxed answer under the paper rule (None: no boxed answer, wrong)."""
+        if self.grading == "paper":
+            answer = paper_answer(response)
+            return None if answer is None else as_boxed(answer)
+        return response
 
     def __call__(self, response: str, ground_truth: str, data_source: str | None = None) -> float:
+        text = self._checked_text(response)
+        if text is None:
+            return 0.0
         if self._gate_here:
-            if THINK_CLOSE not in response:
+            if THINK_CLOSE not in text:
                 return 0.0
-            response = response.rsplit(THINK_CLOSE, 1)[1]
+            text = text.rsplit(THINK_CLOSE, 1)[1]
         kw = dict(self._kw)
         if self._pass_source:
             kw["data_source"] = data_source
-        return _as_score(self.fn(response, ground_truth, **kw), self.spec)
+        return _as_score(self.fn(text, ground_truth, **kw), self.spec)
 
     def grade_many(
         self, records: list[Mapping[str, Any]], *, progress: bool = False, desc: str = "grading"
@@ -103,26 +134,32 @@ class Grader:
         """``(score, outcome)`` per record (``outcome`` is None for checkers that do not report one)."""
         from tqdm.auto import tqdm
 
-        if self._batch is not None:
-            results = self._batch(
-                [r["response"] for r in records],
-                [r["ground_truth"] for r in records],
-                [r.get("data_source") for r in records],
-                think_gate=self.think_gate,
+        texts = [self._checked_text(r["response"]) for r in records]
+        out: list[tuple[float, str | None]] = [(0.0, NO_BOXED)] * len(records)
+        todo = [i for i, t in enumerate(texts) if t is not None]
+        if self._batch:
+            results = grade_batch(
+                [texts[i] for i in todo],
+                [records[i]["ground_truth"] for i in todo],
+                [records[i].get("data_source") for i in todo],
+                think_gate=self.think_gate and self.grading == "reward",
                 timeout_s=self.timeout_s,
                 progress=progress,
             )
-            return [(float(res.score), res.outcome) for res in results]
-        return [
-            (self(r["response"], r["ground_truth"], r.get("data_source")), None)
-            for r in tqdm(records, desc=desc, unit="sample", disable=not progress)
-        ]
+            for i, res in zip(todo, results):
+                out[i] = (float(res.score), res.outcome)
+            return out
+        for i in tqdm(todo, desc=desc, unit="sample", disable=not progress):
+            r = records[i]
+            out[i] = (self(r["response"], r["ground_truth"], r.get("data_source")), None)
+        return out
 
     def describe(self) -> dict[str, Any]:
-        """What to record with results (ALGORITHM.md §12: record the grader)."""
+        """What to record with results: the grader, its answer rule and settings, math-verify's version."""
         return {
             "spec": self.spec,
-            "think_gate": self.think_gate,
+            "grading": self.grading,
+            "think_gate": self.think_gate if self.grading == "reward" else None,
             "timeout_s": self.timeout_s,
             "math_verify": package_version("math-verify"),
         }

@@ -1,4 +1,4 @@
-"""Accuracy metrics of the evaluation protocol (ALGORITHM.md §12).
+"""Accuracy metrics of the evaluation protocol (docs/algorithm.md §12).
 
 The paper reports avg@32 on AIME24, AIME25 and AMC (mean accuracy over 32 samples per question, then over
 questions) and pass@1 on the other benchmarks (one sample per question). Both are the same estimator — the mean
@@ -27,7 +27,7 @@ class Column:
     kind: str  # "id", "ood" or "avg"
 
 
-# Order and headers exactly as in PAPER_RESULTS.md Tables 1 and 5.
+# Order and headers exactly as in the paper's Tables 1 and 5 (docs/paper_results.md).
 PAPER_COLUMNS: tuple[Column, ...] = (
     Column("aime", "AIME24", "id"),
     Column("aime25", "AIME25", "id"),
@@ -45,7 +45,7 @@ ID_BENCHMARKS: tuple[str, ...] = tuple(c.key for c in PAPER_COLUMNS if c.kind ==
 OOD_BENCHMARKS: tuple[str, ...] = tuple(c.key for c in PAPER_COLUMNS if c.kind == "ood")
 AVERAGES: dict[str, tuple[str, ...]] = {"id_avg": ID_BENCHMARKS, "ood_avg": OOD_BENCHMARKS}
 
-# Samples per question in the protocol: avg@32 on AIME24/AIME25/AMC, one sample elsewhere (ALGORITHM.md §12).
+# Samples per question in the protocol: avg@32 on AIME24/AIME25/AMC, one sample elsewhere (docs/algorithm.md §12).
 PROTOCOL_SAMPLES_PER_QUESTION: dict[str, int] = {"aime": 32, "aime25": 32, "amc": 32}
 
 # Other spellings of the data_source values seen in public eval sets, mapped to the keys above.

@@ -31,8 +31,12 @@ SCHEMA_VERSION = 1
 COLUMN_KEYS = tuple(c.key for c in PAPER_COLUMNS)
 HEADERS = {c.key: c.header for c in PAPER_COLUMNS}
 PARTIAL_MARK = "†"
+CAVEAT_MARK = "‡"
+PARTIAL_NOTE = f"{PARTIAL_MARK} average over the evaluated benchmarks only (the paper averages all of them)."
+# The paper's protocol, to name what a run did differently (the caveats of a row).
+PROTOCOL_SAMPLING = {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 8192}
 
-# --- the paper's reference rows (PAPER_RESULTS.md, arXiv 2510.02245 v2), in PAPER_COLUMNS order ---------------
+# --- the paper's reference rows (docs/paper_results.md, arXiv 2510.02245 v2), in PAPER_COLUMNS order ---------
 
 _TABLE1 = [
     ("Qwen2.5-Math-7B base", [11.5, 4.9, 31.3, 43.6, 7.4, 15.6, 19.0, 18.2, 11.1, 16.9, 15.4]),
@@ -67,6 +71,15 @@ class TableRow:
     values: dict[str, float | None]
     reference: bool = False
     partial: frozenset[str] = frozenset()  # averages taken over fewer benchmarks than the paper's
+    caveats: tuple[str, ...] = ()  # how the run departs from the full protocol (a slice, fewer samples, ...)
+
+    @property
+    def display_name(self) -> str:
+        """The row's name as tables and charts print it: ours marked "(ours)" once, and ‡ when it has caveats."""
+        if self.reference:
+            return self.name
+        name = self.name if "(ours)" in self.name.lower() else f"{self.name} (ours)"
+        return name + (f" {CAVEAT_MARK}" if self.caveats else "")
 
 
 REFERENCE_TABLES: dict[str, list[TableRow]] = {
@@ -88,7 +101,7 @@ def reference_rows(reference: str | Sequence[TableRow] | None) -> list[TableRow]
 
 
 def parse_reference_markdown(text: str) -> dict[str, list[TableRow]]:
-    """Tables of PAPER_RESULTS.md whose header is the paper's columns, keyed "table1", "table5", ..."""
+    """Tables of docs/paper_results.md whose header is the paper's columns, keyed "table1", "table5", ..."""
     tables: dict[str, list[TableRow]] = {}
     current: str | None = None
     header_ok = False
@@ -139,7 +152,17 @@ class EvalResults:
             values[name] = avg.value
             if avg.value is not None and not avg.complete:
                 partial.add(name)
-        return TableRow(self.label, values, reference=False, partial=frozenset(partial))
+        return TableRow(self.label, values, reference=False, partial=frozenset(partial), caveats=self.caveats())
+
+    def caveats(self) -> tuple[str, ...]:
+        """How the run departs from the paper's full protocol, from its recorded settings (merged runs: all
+        parts): a slice of the questions, a sample count, sampling settings or an answer rule of its own."""
+        out: list[str] = []
+        for meta in self.metadata.get("merged_from") or [self.metadata]:
+            for c in _caveats_of(meta):
+                if c not in out:
+                    out.append(c)
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         avgs = {
@@ -164,6 +187,26 @@ class EvalResults:
                 raise ValueError(f"results are missing the {key!r} field")
         benchmarks = {b: BenchmarkMetrics.from_dict(m) for b, m in d["benchmarks"].items()}
         return cls(label=d["label"], benchmarks=benchmarks, metadata=dict(d.get("metadata", {})))
+
+
+def _caveats_of(meta: Mapping[str, Any]) -> list[str]:
+    out = []
+    sel = meta.get("selection") or {}
+    if sel.get("max_questions_per_source") is not None:
+        out.append(f"sliced: the first {sel['max_questions_per_source']} question(s) of each benchmark")
+    if sel.get("max_rows") is not None:
+        out.append(f"sliced: the first {sel['max_rows']} row(s)")
+    sampling = meta.get("sampling") or {}
+    if sampling.get("n_samples") is not None:
+        out.append(f"{sampling['n_samples']} sample(s) per row for every benchmark (protocol: avg@32 on AIME/AMC)")
+    for key, want in PROTOCOL_SAMPLING.items():
+        have = sampling.get(key)
+        if have is not None and have != want:
+            out.append(f"{key}={have} (protocol: {want})")
+    grading = (meta.get("grader") or {}).get("grading")
+    if grading not in (None, "paper"):
+        out.append(f"graded with the {grading!r} rule (protocol: the paper's last-\\boxed{{}} rule)")
+    return out
 
 
 def _column_order(item: tuple[str, Any]) -> tuple[int, str]:
@@ -240,10 +283,14 @@ def render_markdown(
             if k in row.partial:
                 cell += PARTIAL_MARK
             cells.append(cell)
-        name = row.name if row.reference else f"**{row.name} (ours)**"
+        name = row.name if row.reference else f"**{row.display_name}**"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if any(row.partial for row in rows):
-        lines += ["", f"{PARTIAL_MARK} average over the evaluated benchmarks only (the paper averages all of them)."]
+        lines += ["", PARTIAL_NOTE]
+    caveated = [row for row in rows if row.caveats]
+    if caveated:
+        lines += ["", f"{CAVEAT_MARK} not the full protocol:"]
+        lines += [f"- {row.name}: " + "; ".join(row.caveats) for row in caveated]
     if isinstance(reference, str) and reference != "none":
         lines += ["", f"Reference rows: paper {reference.replace('table', 'Table ')} (arXiv 2510.02245 v2)."]
     if details:
@@ -287,12 +334,18 @@ def _metadata_lines(meta: Mapping[str, Any]) -> list[str]:
     sampling = meta.get("sampling", {})
     versions = meta.get("versions", {})
     data = ", ".join(pathlib.Path(d.get("path", "?")).name for d in meta.get("data", []))
+    engines = ""
+    if meta.get("data_parallel_size", 1) and meta.get("data_parallel_size", 1) > 1:
+        engines = f" · {meta['data_parallel_size']} replicas"
+    if meta.get("tensor_parallel_size"):
+        engines += f" · tensor parallel {meta['tensor_parallel_size']}"
+    rule = grader.get("grading") or "reward"  # results written before the paper rule existed used the reward's
+    gate = f" (think gate: {grader.get('think_gate')})" if rule == "reward" else ""
     return [
-        f"- model: `{meta.get('model')}` · backend: {meta.get('backend')} · data: {data or '—'}",
+        f"- model: `{meta.get('model')}` · backend: {meta.get('backend')}{engines} · data: {data or '—'}",
         f"- template: {tpl.get('kind')} (chat template sha {tpl.get('chat_template_sha')}) · system prompt: "
         f"{tpl.get('system_prompt_mode')}",
-        f"- grader: `{grader.get('spec')}` · think gate: {grader.get('think_gate')} · math-verify "
-        f"{grader.get('math_verify')}",
+        f"- grader: `{grader.get('spec')}` · grading: {rule}{gate} · math-verify {grader.get('math_verify')}",
         f"- sampling: T={sampling.get('temperature')} · top-p={sampling.get('top_p')} · max new tokens "
         f"{sampling.get('max_new_tokens')} · samples/row {sampling.get('n_samples') or 'protocol'} · seed "
         f"{sampling.get('seed')}",
@@ -307,11 +360,13 @@ def write_table_csv(
     path = pathlib.Path(path)
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["model", "source", *(HEADERS[k] for k in COLUMN_KEYS)])
+        w.writerow(["model", "source", *(HEADERS[k] for k in COLUMN_KEYS), "partial_averages", "caveats"])
         for row in table_rows(results, reference):
             w.writerow(
                 [row.name, "paper" if row.reference else "ours"]
                 + ["" if row.values.get(k) is None else row.values[k] for k in COLUMN_KEYS]
+                # the averages taken over fewer benchmarks than the paper's ("OOD Avg"), and the run's caveats
+                + [";".join(HEADERS[k] for k in COLUMN_KEYS if k in row.partial), "; ".join(row.caveats)]
             )
     return path
 
@@ -346,56 +401,110 @@ def write_results_csv(results: EvalResults, path: str | os.PathLike) -> pathlib.
 # --- chart ---------------------------------------------------------------------------------------------------
 
 
+MAX_REFERENCE_ROWS_PER_PANEL = 4
+DEFAULT_TITLE = "ExGRPO evaluation (avg@32 on AIME24/AIME25/AMC, pass@1 elsewhere)"
+
+
+def reference_panels(rows: Sequence[TableRow], max_rows: int = MAX_REFERENCE_ROWS_PER_PANEL) -> list[list[TableRow]]:
+    """The reference rows in chart panels of at most ``max_rows`` rows: a backbone's rows stay together (Table 5
+    lists "— on-policy" and "— ExGRPO" under their backbone's row), consecutive single rows are packed."""
+    groups: list[list[TableRow]] = []
+    for row in rows:
+        if row.name.startswith("—") and groups:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    panels: list[list[TableRow]] = []
+    packing = False  # whether the last panel holds single rows packed together
+    for group in groups:
+        if len(group) == 1 and packing and len(panels[-1]) < max_rows:
+            panels[-1].extend(group)
+            continue
+        chunks = [group[i : i + max_rows] for i in range(0, len(group), max_rows)]
+        panels.extend(chunks)
+        packing = len(group) == 1
+    return panels
+
+
+def _legend_names(rows: Sequence[TableRow]) -> list[str]:
+    # Table 5 names runs "— on-policy" under their backbone's row; the legend needs the backbone.
+    names, backbone = [], ""
+    for row in rows:
+        if row.reference and row.name.startswith("—"):
+            names.append(f"{backbone} {row.name}")
+        else:
+            backbone = row.name if row.reference else backbone
+            names.append(row.display_name)
+    return names
+
+
 def plot_bar_chart(
     results: Sequence[EvalResults],
     path: str | os.PathLike,
     reference: str | Sequence[TableRow] | None = "table1",
     *,
     title: str | None = None,
+    max_reference_rows: int = MAX_REFERENCE_ROWS_PER_PANEL,
 ) -> pathlib.Path:
-    """Grouped bars per paper column (benchmarks and averages): our rows hatched, reference rows plain."""
+    """Grouped bars per paper column (benchmarks and averages): our rows hatched and labelled with their values,
+    reference rows plain. The reference rows are split over stacked panels of at most ``max_reference_rows``
+    each (our rows repeat in every panel), so a group never holds more than ``max_reference_rows`` + ours bars
+    and the chart keeps a readable width. A partial average is labelled †, a run off the protocol ‡ (both
+    explained under the chart)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on clusters or CI
     import matplotlib.pyplot as plt
 
-    rows = table_rows(results, reference)
-    cols = [k for k in COLUMN_KEYS if any(r.values.get(k) is not None for r in rows if not r.reference)]
-    cols = cols or list(COLUMN_KEYS)
-    n = max(len(rows), 1)
-    width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.1 * len(cols) + 0.12 * n * len(cols)), 5.0))
-    ref_cmap, ours_cmap = plt.get_cmap("tab20"), plt.get_cmap("Dark2")
-    n_ours = 0
-    backbone = ""
-    for i, row in enumerate(rows):
-        xs = [j + (i - (n - 1) / 2) * width for j in range(len(cols))]
-        pts = [(x, row.values.get(k)) for x, k in zip(xs, cols) if row.values.get(k) is not None]
-        if not pts:
-            continue
-        if row.reference:
-            # Table 5 names runs "— on-policy" under their backbone's row; the legend needs the backbone.
-            backbone = backbone if row.name.startswith("—") else row.name
-            name = f"{backbone} {row.name}" if row.name.startswith("—") else row.name
-            style = dict(color=ref_cmap(i % 20), alpha=0.55, edgecolor="grey", linewidth=0.4, label=name)
-        else:
-            # Ours: strong colours, hatched, with the value written on the bar (even a 0.0 must be visible).
-            style = dict(color=ours_cmap(n_ours % 8), edgecolor="black", linewidth=0.6, hatch="//")
-            style["label"] = f"{row.name} (ours)"
-            n_ours += 1
-        bars = ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, **style)
-        if not row.reference:
-            ax.bar_label(bars, fmt="%.1f", fontsize=6, rotation=90, padding=2)
-    ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels([HEADERS[k] for k in cols], rotation=30, ha="right")
-    for j, k in enumerate(cols):
-        if k in AVERAGES:
-            ax.axvline(j - 0.5, color="grey", linewidth=0.6, linestyle=":")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title or "ExGRPO evaluation (avg@32 on AIME24/AIME25/AMC, pass@1 elsewhere)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+    all_rows = table_rows(results, reference)
+    ours = [r for r in all_rows if not r.reference]
+    refs = [r for r in all_rows if r.reference]
+    cols = [k for k in COLUMN_KEYS if any(r.values.get(k) is not None for r in ours)] or list(COLUMN_KEYS)
+    panels = reference_panels(refs, max_reference_rows) if refs else [[]]
+    bars = max(len(p) for p in panels) + len(ours)
+    width = 0.8 / max(bars, 1)
+    plot_w = min(11.0, max(6.0, len(cols) * (0.45 + 0.16 * bars)))
+    notes = []
+    if any(r.partial for r in ours):
+        notes.append(PARTIAL_NOTE)
+    notes += [f"{CAVEAT_MARK} {r.name}: " + "; ".join(r.caveats) for r in ours if r.caveats]
+    fig_h = 2.9 * len(panels) + 0.7 + 0.22 * len(notes)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(plot_w + 3.6, fig_h), squeeze=False)
+    ref_cmap, ours_cmap = plt.get_cmap("tab10"), plt.get_cmap("Dark2")
+    for ax, panel in zip(axes[:, 0], panels):
+        rows = [*panel, *ours]
+        names = _legend_names(rows)
+        for i, (row, name) in enumerate(zip(rows, names)):
+            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
+            pts = [(x, k, row.values.get(k)) for x, k in zip(xs, cols) if row.values.get(k) is not None]
+            if not pts:
+                continue
+            if row.reference:
+                style = dict(color=ref_cmap(i % 10), alpha=0.55, edgecolor="grey", linewidth=0.4, label=name)
+            else:
+                # Ours: strong colours, hatched, with the value on the bar (even a 0.0 must be visible).
+                n = ours.index(row)
+                style = dict(color=ours_cmap(n % 8), edgecolor="black", linewidth=0.6, hatch="//", label=name)
+            drawn = ax.bar([p[0] for p in pts], [p[2] for p in pts], width=width, **style)
+            if not row.reference:
+                labels = [f"{v:.1f}" + (PARTIAL_MARK if k in row.partial else "") for _, k, v in pts]
+                ax.bar_label(drawn, labels=labels, fontsize=6, rotation=90, padding=2)
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels([HEADERS[k] for k in cols], rotation=30, ha="right", fontsize=8)
+        for j, k in enumerate(cols):
+            if k in AVERAGES:
+                ax.axvline(j - 0.5, color="grey", linewidth=0.6, linestyle=":")
+        ax.set_ylabel("accuracy (%)", fontsize=8)
+        # Head room above 100 for the value labels, so a bar at 100% never reaches the panel above or the title.
+        ax.set_ylim(0, 118)
+        ax.set_yticks(range(0, 101, 20))
+        ax.tick_params(axis="y", labelsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.suptitle(title or DEFAULT_TITLE, fontsize=10, y=1 - 0.1 / fig_h, va="top")
+    bottom = (0.12 + 0.22 * len(notes)) / fig_h
+    for i, note in enumerate(notes):
+        fig.text(0.01, bottom - (0.1 + 0.22 * (i + 1)) / fig_h, note, fontsize=7, ha="left")
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.4 / fig_h))
     path = pathlib.Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""Experience management of ExGRPO (ALGORITHM.md §2-5): pool, bucket sampler, trajectory selection, persistence.
+"""Experience management of ExGRPO (docs/algorithm.md §2-5): pool, bucket sampler, trajectory selection, persistence.
 
 Framework-free: plain objects and functions that the verl adapter (``recipe/exgrpo``) wires in.
 """
@@ -30,11 +30,11 @@ from exgrpo.experience.sampler import (
 )
 from exgrpo.experience.selection import (
     TRAJECTORY_METRICS,
+    CandidateTokenStats,
     MetricContext,
     ScoreProvider,
     SelectedTrajectory,
     TrajectorySelector,
-    batch_by_token_budget,
     get_trajectory_metric,
     masked_mean_per_row,
     ngram_overlap_scores,
@@ -50,6 +50,7 @@ __all__ = [
     "BucketIndex",
     "BucketSampler",
     "Candidate",
+    "CandidateTokenStats",
     "CollectStats",
     "ExperiencePool",
     "Group",
@@ -61,7 +62,6 @@ __all__ = [
     "ScoreProvider",
     "SelectedTrajectory",
     "TrajectorySelector",
-    "batch_by_token_budget",
     "bucket_probabilities",
     "experience_exists",
     "get_bucket_weighting",

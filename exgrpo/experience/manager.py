@@ -1,16 +1,18 @@
 """The experience manager: pool + bucket sampler + trajectory selector + delayed-start schedule as one object.
 
-This is what a trainer adapter talks to each step (ALGORITHM.md §2–6, §9), framework-free:
+This is what a trainer adapter talks to each step (docs/algorithm.md §2–6, §9), framework-free:
 
-1. ``draw_replay(B, step)``: replayed question ids (none before the delayed start).
-2. ``select(qids, score_fn)``: one stored trajectory per replayed question; ``score_fn`` is the adapter's model
-   pass, ``score_fn(prompt_ids, response_ids) -> {"entropy": [...], "log_prob": [...]}`` with one per-token
-   array per candidate (the current policy at temperature 1).
+1. ``plan_replay(B, step, max_response_length=L)``: the replayed questions (none before the delayed start) and,
+   per question, the candidate trajectories the trainer must score (all stored ones, capped, that fit in L
+   tokens; only the pre-selected one when the metric needs no model).
+2. ``select(plan, token_stats)``: one stored trajectory per replayed question, from the per-token entropies /
+   log-probs of the candidates under the current policy (:class:`CandidateTokenStats`). The trainer computes
+   them in the old-log-prob pass it runs anyway, with the candidates appended to the step's rows (the prompt
+   of each candidate row is its question's prompt in the batch, so the pool stores no prompts).
 3. ``collect(step, groups)`` after the rewards and old log-probs are known, then
    ``observe_pass_rate(rate, step)`` (the delayed-start check; collection uses the flag of *this* step).
 
-The prompt token ids of every question in the pool are kept too (the entropy pass scores prompt + stored
-response), and everything is saved/loaded together: ``save(dir, trainer_state)`` / ``load(dir)``.
+Everything is saved/loaded together: ``save(dir, trainer_state)`` / ``load(dir)``.
 """
 
 from __future__ import annotations
@@ -19,24 +21,50 @@ import hashlib
 import json
 import os
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from exgrpo.config import ExGRPOConfig
-from exgrpo.experience.persistence import PoolCheckpointError, load_experience, save_experience
+from exgrpo.experience.persistence import load_experience, save_experience
 from exgrpo.experience.pool import Candidate, ExperiencePool, Group, GroupMember, QuestionId
 from exgrpo.experience.sampler import BucketSampler
-from exgrpo.experience.selection import SelectedTrajectory, TrajectorySelector, selection_metrics
+from exgrpo.experience.selection import (
+    CandidateTokenStats,
+    SelectedTrajectory,
+    TrajectorySelector,
+    selection_metrics,
+)
 from exgrpo.schedule import ExperienceSchedule
 
-ScoreFn = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], Mapping[str, Sequence[np.ndarray]]]
-
 POOL_SUBDIR = "pool"
-PROMPTS_FILE = "prompts.arrow"
-PROMPTS_SCHEMA = pa.schema([("question_id", pa.string()), ("prompt_ids", pa.list_(pa.int32()))])
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The replayed questions of one step and the candidate trajectories the trainer scores for them.
+
+    ``candidates[i]`` belongs to ``question_ids[i]`` (oldest first, never empty). ``preselected`` is set when the
+    selection metric needs no model (random, diversity): then ``candidates[i]`` is just the chosen trajectory.
+    """
+
+    question_ids: list[QuestionId]
+    candidates: list[list[Candidate]]
+    preselected: list[SelectedTrajectory] | None = None
+
+    def __len__(self) -> int:
+        return len(self.question_ids)
+
+    @property
+    def num_candidates(self) -> int:
+        return sum(len(g) for g in self.candidates)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether :meth:`ExperienceManager.select` needs the candidates' token statistics."""
+        return self.preselected is None and bool(self.question_ids)
 
 
 class ExperienceManager:
@@ -50,7 +78,6 @@ class ExperienceManager:
         self.sampler = BucketSampler.from_config(cfg)
         self.selector = TrajectorySelector.from_config(cfg)
         self.schedule = ExperienceSchedule.from_config(cfg)
-        self.prompts: dict[QuestionId, np.ndarray] = {}
         self._last: dict[str, float] = {}
 
     # ------------------------------------------------------------------ state queries
@@ -81,46 +108,76 @@ class ExperienceManager:
         self._last.update(draw.as_metrics("exgrpo/replay/"))
         return list(draw.question_ids)
 
-    def candidates(self, question_ids: Sequence[QuestionId]) -> list[list[Candidate]]:
-        return self.pool.candidates(question_ids, max_per_question=self.cfg.max_candidates_per_question)
+    def candidates(
+        self, question_ids: Sequence[QuestionId], *, max_response_length: int | None = None
+    ) -> list[list[Candidate]]:
+        """Per question, the stored trajectories that fit in ``max_response_length`` tokens (the newest
+        ``max_candidates_per_question`` of them when capped); too long ones are counted in the metrics."""
+        if max_response_length is not None:
+            too_long = sum(int((self.pool.lengths(q) > max_response_length).sum()) for q in question_ids)
+            self._last["exgrpo/selection/too_long_candidates"] = float(too_long)
+        return self.pool.candidates(
+            question_ids, max_per_question=self.cfg.max_candidates_per_question, max_length=max_response_length
+        )
 
-    def select(self, question_ids: Sequence[QuestionId], score_fn: ScoreFn | None) -> list[SelectedTrajectory]:
-        """One stored trajectory per question (§5), scored by ``score_fn`` when the metric needs the model."""
-        if not question_ids:
-            return []
-        groups = self.candidates(question_ids)
+    def plan_replay(
+        self,
+        batch_size: int,
+        step: int,
+        *,
+        exclude: set[QuestionId] | None = None,
+        max_response_length: int | None = None,
+    ) -> ReplayPlan:
+        """Draw this step's replayed questions (:meth:`draw_replay`) and gather the candidates to score.
 
-        def provider(flat: Sequence[Candidate], quantity: str) -> np.ndarray:
-            if score_fn is None:
-                raise ValueError(f"trajectory metric {self.cfg.trajectory_metric!r} needs the model's score pass")
-            missing = [c.question_id for c in flat if c.question_id not in self.prompts]
-            if missing:
-                raise KeyError(f"no stored prompt token ids for replayed question(s) {sorted(set(missing))[:5]}")
-            out = score_fn([self.prompts[c.question_id] for c in flat], [c.token_ids for c in flat])
-            if quantity == "entropy":
-                return np.asarray([_mean(e) for e in out["entropy"]], dtype=np.float64)
-            if quantity == "nll":
-                return np.asarray([-_mean(lp) for lp in out["log_prob"]], dtype=np.float64)
-            raise ValueError(f"unknown score quantity {quantity!r}")
+        A drawn question none of whose stored trajectories fits in ``max_response_length`` (possible after a
+        resume with a lower response limit) is not replayed this step (counted as
+        ``exgrpo/replay/dropped_too_long``); the trainer fills its place with a fresh prompt. When the
+        selection metric needs no model (random, diversity) the selection is made here and only the chosen
+        trajectory is handed to the trainer's pass.
+        """
+        qids = self.draw_replay(batch_size, step, exclude=exclude)
+        if not qids:
+            return ReplayPlan([], [])
+        groups = self.candidates(qids, max_response_length=max_response_length)
+        kept = [(q, g) for q, g in zip(qids, groups) if g]
+        if max_response_length is not None:
+            self._last["exgrpo/replay/dropped_too_long"] = float(len(qids) - len(kept))
+        if not kept:
+            return ReplayPlan([], [])
+        qids, groups = [q for q, _ in kept], [g for _, g in kept]
+        if self.selector.needs_scores:
+            return ReplayPlan(qids, groups)
+        selected = self._select(groups, None)
+        return ReplayPlan(qids, [[s.candidate] for s in selected], preselected=selected)
 
-        selected = self.selector.select(groups, provider if self.selector.needs_scores else None)
+    def select(self, plan: ReplayPlan, token_stats: CandidateTokenStats | None = None) -> list[SelectedTrajectory]:
+        """One stored trajectory per replayed question of ``plan`` (§5).
+
+        ``token_stats``: the per-token figures of ``plan``'s candidates (flattened in order) under the current
+        policy; required when the metric scores with the model (entropy, nll), ignored otherwise.
+        """
+        if plan.preselected is not None or not plan.question_ids:
+            return list(plan.preselected or [])
+        if token_stats is None:
+            raise ValueError(f"trajectory metric {self.cfg.trajectory_metric!r} needs the candidates' token statistics")
+        return self._select(plan.candidates, token_stats)
+
+    def _select(
+        self, groups: Sequence[Sequence[Candidate]], token_stats: CandidateTokenStats | None
+    ) -> list[SelectedTrajectory]:
+        provider = token_stats.provider() if token_stats is not None else None
+        selected = self.selector.select(groups, provider)
         self._last.update(selection_metrics(selected, prefix="exgrpo/selection/"))
         return selected
 
-    def collect(
-        self,
-        step: int,
-        groups: Mapping[QuestionId, tuple[np.ndarray, Sequence[GroupMember]]],
-    ) -> dict[str, float]:
-        """Collection (§3) of this step's groups: ``{question_id: (prompt_ids, members)}``."""
+    def collect(self, step: int, groups: Mapping[QuestionId, Sequence[GroupMember]]) -> dict[str, float]:
+        """Collection (§3) of this step's groups: ``{question_id: members}``."""
         if not self.cfg.enable:
             return {}
         stats = self.pool.collect(
-            step, (Group(qid, list(members)) for qid, (_, members) in groups.items()), mixed=self.schedule.mixed
+            step, (Group(qid, list(members)) for qid, members in groups.items()), mixed=self.schedule.mixed
         )
-        for qid, (prompt_ids, _) in groups.items():
-            if self.pool.num_entries(qid) and qid not in self.prompts:
-                self.prompts[qid] = np.asarray(prompt_ids, dtype=np.int32).copy()
         metrics = stats.as_metrics("exgrpo/collect/")
         self._last.update(metrics)
         return metrics
@@ -152,21 +209,17 @@ class ExperienceManager:
         out = dict(self._last)
         out.update(self.pool.stats(prefix="exgrpo/pool/"))
         out.update(self.schedule.metrics(step, prefix="exgrpo/"))
-        out["exgrpo/pool/prompt_store_questions"] = float(len(self.prompts))
         return out
 
     def state_digest(self) -> dict[str, str]:
-        """SHA-256 of each part of the state (pool, sampler, selector, schedule, prompts): equal digests mean an
-        equal state, so a resumed run can prove it restored exactly what was saved."""
+        """SHA-256 of each part of the state (pool, sampler, selector, schedule): equal digests mean an equal
+        state, so a resumed run can prove it restored exactly what was saved."""
         pool_state = self.pool.state_dict()
         h = hashlib.sha256(json.dumps(pool_state["meta"], sort_keys=True, default=str).encode())
         for name in sorted(pool_state["entries"]):
             h.update(name.encode() + np.ascontiguousarray(pool_state["entries"][name]).tobytes())
         h.update(np.ascontiguousarray(pool_state["token_ids"]).tobytes())
         h.update(np.ascontiguousarray(pool_state["behaviour_log_probs"]).tobytes())
-        prompts = hashlib.sha256()
-        for q in sorted(self.prompts, key=str):
-            prompts.update(str(q).encode() + b"\0" + self.prompts[q].tobytes())
 
         def js(obj: Any) -> str:
             return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
@@ -176,22 +229,14 @@ class ExperienceManager:
             "sampler": js(self.sampler.state_dict()),
             "selector": js(self.selector.state_dict()),
             "schedule": js(self.schedule.state_dict()),
-            "prompts": prompts.hexdigest(),
         }
 
     # ------------------------------------------------------------------ persistence
-    def _prune_prompts(self) -> None:
-        self.prompts = {q: p for q, p in self.prompts.items() if self.pool.num_entries(q)}
-
     def save(self, directory: str | os.PathLike[str], trainer_state: dict[str, Any] | None = None) -> pathlib.Path:
-        """Save pool, sampler, selector, schedule, stored prompts and ``trainer_state`` to ``directory``.
-
-        The pool goes through :func:`save_experience` (atomic); the prompt file is written to a temporary name
-        and renamed. The caller writes its own "checkpoint complete" marker after this returns.
-        """
+        """Save pool, sampler, selector, schedule and ``trainer_state`` to ``directory/pool`` (atomic, see
+        :func:`save_experience`). The caller writes its own "checkpoint complete" marker after this returns."""
         directory = pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self._prune_prompts()
         save_experience(
             directory / POOL_SUBDIR,
             pool=self.pool,
@@ -200,53 +245,20 @@ class ExperienceManager:
             schedule=self.schedule,
             extra={"trainer_state": trainer_state or {}, "config": self.cfg.to_dict()},
         )
-        qids = list(self.prompts)
-        table = pa.table(
-            {"question_id": [str(q) for q in qids], "prompt_ids": [self.prompts[q].tolist() for q in qids]},
-            schema=PROMPTS_SCHEMA,
-        )
-        tmp = directory / (PROMPTS_FILE + ".tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, PROMPTS_SCHEMA) as writer:
-            writer.write_table(table)
-        os.replace(tmp, directory / PROMPTS_FILE)
-        with open(directory / "manifest.json.tmp", "w", encoding="utf-8") as f:
-            json.dump({"format": "exgrpo-experience", "pool": POOL_SUBDIR, "prompts": PROMPTS_FILE}, f)
-        os.replace(directory / "manifest.json.tmp", directory / "manifest.json")
         return directory
 
     def load(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore everything :meth:`save` wrote; returns the saved ``trainer_state``.
 
-        Raises :class:`PoolCheckpointError` naming the file when anything is missing or damaged.
+        Raises :class:`PoolCheckpointError` naming the file when anything is missing or damaged. Checkpoints of
+        earlier versions also hold ``prompts.arrow`` and ``manifest.json`` (a prompt store that is no longer
+        needed): they load, and those files are ignored.
         """
-        directory = pathlib.Path(directory)
         extra = load_experience(
-            directory / POOL_SUBDIR,
+            pathlib.Path(directory) / POOL_SUBDIR,
             pool=self.pool,
             sampler=self.sampler,
             selector=self.selector,
             schedule=self.schedule,
         )
-        path = directory / PROMPTS_FILE
-        if not path.exists():
-            raise PoolCheckpointError(f"{path}: missing (the stored prompt token ids of the pool's questions)")
-        try:
-            with pa.memory_map(str(path), "r") as source:
-                table = pa.ipc.open_file(source).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise PoolCheckpointError(f"{path}: unreadable or corrupt prompt file ({exc})") from exc
-        if table.schema != PROMPTS_SCHEMA:
-            raise PoolCheckpointError(f"{path}: unexpected schema {table.schema}")
-        qids = table.column("question_id").to_pylist()
-        prompts = table.column("prompt_ids").to_pylist()
-        by_str = {str(q): q for q in self.pool.question_ids()}
-        self.prompts = {by_str.get(q, q): np.asarray(p, dtype=np.int32) for q, p in zip(qids, prompts)}
-        missing = [q for q in self.pool.question_ids() if self.pool.num_entries(q) and q not in self.prompts]
-        if missing:
-            raise PoolCheckpointError(f"{path}: no prompt ids for {len(missing)} pool question(s), e.g. {missing[:3]}")
         return dict(extra.get("trainer_state", {}))
-
-
-def _mean(values: Any) -> float:
-    arr = np.asarray(values, dtype=np.float64)
-    return float(arr.mean()) if arr.size else float("nan")

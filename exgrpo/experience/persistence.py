@@ -1,28 +1,38 @@
-"""Save and load the whole experience state to a directory, without pickle (ALGORITHM.md §2).
+"""Save and load the whole experience state to a directory, without pickle (docs/experience.md).
 
-Layout of a saved directory (e.g. ``global_step_N/exgrpo/`` next to verl's own checkpoint)::
+Layout of a saved directory (e.g. ``global_step_N/exgrpo/pool/`` next to verl's own checkpoint)::
 
-    header.json     format tag, schema_version, pool meta (question table, bucket member lists in draw order,
-                    retired set, counters), sampler / selector / schedule state (RNG states included), the
-                    caller's ``extra`` dict, and per file its size and CRC-32 checksums
+    header.json     format tag, schema_version, save time, pool meta (question table, bucket member lists in
+                    draw order, retired set, counters), sampler / selector / schedule state (RNG states
+                    included), the caller's ``extra`` dict, per data file its size and CRC-32 of its whole
+                    content, and last "sha256": the SHA-256 of the file's bytes written without that key
     entries.arrow   Arrow IPC file, one row per stored trajectory in entry-id order:
                     entry_id, question (index into the header's table), length, reward, step
     tokens.arrow    Arrow IPC file, record batches of (token_ids int32, behaviour_log_probs float32);
                     each batch holds the tokens of a contiguous run of entries (<= 4M tokens)
 
-Writes go to a temporary sibling directory which is then renamed over the target, so a crash mid-save leaves
-the previous checkpoint intact. Loading checks sizes, Arrow structure and CRC-32 of every batch; a truncated or
-corrupt file raises :class:`PoolCheckpointError` naming the file, never a silently empty pool.
+Every byte of the directory is covered by a checksum: the header by the SHA-256 it carries, each data file by the
+CRC-32 the header records, checked before Arrow parses the file. A damaged, truncated or missing file, or
+any inconsistency between them, raises :class:`PoolCheckpointError` naming the file; a load never yields a
+silently different or half-loaded state.
+
+Writes go to a temporary sibling ``.NAME.tmp-*`` which is renamed over the target (the old copy is first moved
+aside to ``.NAME.old-*``, then deleted), so a crash mid-save leaves the previous checkpoint intact. A crash between
+the two renames leaves no ``NAME`` but a complete ``.NAME.old-*``: loading finds and verifies that copy (the last
+committed state) and says so. The next successful save deletes such leftovers (``.NAME.tmp-*`` / ``.NAME.old-*``).
 The same format serves both token-store layouts (arena and per-entry).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pathlib
 import shutil
 import tempfile
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -42,14 +52,25 @@ __all__ = [
     "save_experience",
 ]
 
+logger = logging.getLogger(__name__)
+
 FORMAT = "exgrpo-experience"
-SCHEMA_VERSION = 1
+# 2: the header carries a SHA-256 of itself; data files are checksummed whole (1: per-batch CRCs, header bare).
+SCHEMA_VERSION = 2
 HEADER = "header.json"
 ENTRIES = "entries.arrow"
 TOKENS = "tokens.arrow"
+DATA_FILES = (ENTRIES, TOKENS)
 
 _TOKEN_SCHEMA = pa.schema([("token_ids", pa.int32()), ("behaviour_log_probs", pa.float32())])
 _ENTRY_SCHEMA = pa.schema([(name, pa.from_numpy_dtype(np.dtype(dt))) for name, dt in _COLUMNS.items()])
+
+# header.json is the header's JSON object with one last key, "sha256": the SHA-256 (64 hex digits) of the exact
+# bytes of that object written without it. Readers see the usual keys; the checksum covers every other byte.
+_HEADER_SUM_KEY = b', "sha256": "'
+_HEADER_END = b'"}\n'
+_HEADER_TRAILER = len(_HEADER_SUM_KEY) + 64 + len(_HEADER_END)
+_HEADER_MAX_BYTES = 1 << 30  # far above any real header (the question table of 10^6 questions is ~50 MB)
 
 
 class PoolCheckpointError(RuntimeError):
@@ -57,22 +78,80 @@ class PoolCheckpointError(RuntimeError):
 
 
 def experience_exists(directory: str | os.PathLike[str]) -> bool:
-    """Whether ``directory`` holds a saved experience state (its header is present)."""
-    return (pathlib.Path(directory) / HEADER).is_file()
+    """Whether ``directory`` holds a saved experience state (its header is present), or an overwrite of it was
+    interrupted between its two renames and the previous copy waits under ``.NAME.old-*`` (where
+    :func:`load_experience` finds it). Presence only: the load verifies the files."""
+    d = pathlib.Path(directory)
+    return (d / HEADER).is_file() or (not d.exists() and any((o / HEADER).is_file() for o in _leftovers(d, "old")))
 
 
-def _crc(*arrays: np.ndarray, value: int = 0) -> int:
-    for a in arrays:
-        value = zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"), value)
-    return value
+def _leftovers(target: pathlib.Path, kind: str) -> list[pathlib.Path]:
+    """The ``.NAME.tmp-*`` (kind "tmp") or ``.NAME.old-*`` (kind "old") siblings of ``target``."""
+    try:
+        return sorted(p for p in target.parent.glob(f".{target.name}.{kind}-*") if p.is_dir())
+    except OSError:
+        return []
 
 
-def _fsync_file(path: pathlib.Path) -> None:
+def _fsync_path(path: pathlib.Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _ChecksumSink:
+    """A write-only file object for ``pa.PythonFile`` that CRC-32s every byte on its way to ``raw``."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += view.nbytes
+        return self.raw.write(view)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def tell(self) -> int:
+        return self.size
+
+    def close(self) -> None:  # the caller closes ``raw``
+        pass
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed
+
+    def writable(self) -> bool:
+        return True
+
+
+def _write_arrow(path: pathlib.Path, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
+    """Write an Arrow IPC file; returns (bytes, CRC-32 of the whole file)."""
+    with open(path, "wb") as raw:
+        sink = _ChecksumSink(raw)
+        with pa.PythonFile(sink, mode="w") as f, pa.ipc.new_file(f, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+    return sink.size, sink.crc
+
+
+def _encode_header(header: dict[str, Any]) -> bytes:
+    body = json.dumps(header, allow_nan=False).encode("utf-8")  # a non-empty object: ends with "}"
+    digest = hashlib.sha256(body).hexdigest().encode("ascii")
+    return body[:-1] + _HEADER_SUM_KEY + digest + _HEADER_END
+
+
+def _remove_leftovers(target: pathlib.Path, kinds: tuple[str, ...]) -> None:
+    for kind in kinds:
+        for path in _leftovers(target, kind):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def save_experience(
@@ -90,9 +169,11 @@ def save_experience(
 
     ``extra``: a JSON-serialisable dict of the caller's own state (e.g. the trainer's leftover fresh prompt
     indices), returned by :func:`load_experience`. ``fsync``: flush the files to disk before the rename.
+    Leftovers of interrupted earlier saves (``.NAME.tmp-*``, ``.NAME.old-*``) are deleted once this save is in
+    place. One writer per directory at a time.
     """
     target = pathlib.Path(directory)
-    header: dict[str, Any] = {"format": FORMAT, "schema_version": SCHEMA_VERSION}
+    header: dict[str, Any] = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "saved_at": time.time()}
     for name, comp in (("sampler", sampler), ("selector", selector), ("schedule", schedule)):
         header[name] = None if comp is None else comp.state_dict()
     header["extra"] = {} if extra is None else extra
@@ -102,57 +183,91 @@ def save_experience(
         raise ValueError(f"experience state (extra or component state) is not JSON-serialisable: {e}") from e
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Temporaries of a dead save are never current; old copies are stale once the target exists (while it does
+    # not, the newest old copy is the last committed state and stays until this save is in place).
+    _remove_leftovers(target, ("tmp", "old") if target.exists() else ("tmp",))
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         meta, entries, ranges, order = pool._export(batch_tokens)
         header["pool"] = meta
-        # entries.arrow
-        cols = [pa.array(entries[name]) for name in _COLUMNS]
-        with pa.OSFile(str(tmp / ENTRIES), "wb") as f, pa.ipc.new_file(f, _ENTRY_SCHEMA) as w:
-            w.write_batch(pa.record_batch(cols, schema=_ENTRY_SCHEMA))
-        entries_info = {"rows": int(entries["entry_id"].shape[0]), "crc32": _crc(*(entries[n] for n in _COLUMNS))}
+        entry_batch = pa.record_batch([pa.array(entries[name]) for name in _COLUMNS], schema=_ENTRY_SCHEMA)
+        e_bytes, e_crc = _write_arrow(tmp / ENTRIES, _ENTRY_SCHEMA, iter([entry_batch]))
+        del entry_batch
         # tokens.arrow, streamed batch by batch (one batch of copies in memory at a time)
         # One pair of batch buffers is reused for every batch: the writer has copied a batch out before the
         # next one is gathered, and fresh memory is what makes a multi-GB save slow.
-        batches = []
+        batch_info: list[dict[str, Any]] = []
         buf = (np.empty(batch_tokens, dtype=np.int32), np.empty(batch_tokens, dtype=np.float32))
-        with pa.OSFile(str(tmp / TOKENS), "wb") as f, pa.ipc.new_file(f, _TOKEN_SCHEMA) as w:
+
+        def token_batches() -> Iterator[pa.RecordBatch]:
             for start, stop in ranges:
                 ids, lps = pool._batch_tokens(order, start, stop, out=buf)
-                w.write_batch(pa.record_batch([pa.array(ids), pa.array(lps)], schema=_TOKEN_SCHEMA))
-                batches.append({"rows": [start, stop], "tokens": int(ids.shape[0]), "crc32": _crc(ids, lps)})
-                del ids, lps
-        del buf
+                batch_info.append({"rows": [start, stop], "tokens": int(ids.shape[0])})
+                yield pa.record_batch([pa.array(ids), pa.array(lps)], schema=_TOKEN_SCHEMA)
+
+        t_bytes, t_crc = _write_arrow(tmp / TOKENS, _TOKEN_SCHEMA, token_batches())
         header["files"] = {
-            ENTRIES: {"bytes": (tmp / ENTRIES).stat().st_size, **entries_info},
-            TOKENS: {"bytes": (tmp / TOKENS).stat().st_size, "batches": batches},
+            ENTRIES: {"bytes": e_bytes, "crc32": e_crc, "rows": int(entries["entry_id"].shape[0])},
+            TOKENS: {"bytes": t_bytes, "crc32": t_crc, "batches": batch_info},
         }
-        (tmp / HEADER).write_text(json.dumps(header, allow_nan=False), encoding="utf-8")
+        (tmp / HEADER).write_bytes(_encode_header(header))
         if fsync:
-            for name in (ENTRIES, TOKENS, HEADER):
-                _fsync_file(tmp / name)
+            for name in (*DATA_FILES, HEADER):
+                _fsync_path(tmp / name)
+            _fsync_path(tmp)
         if target.exists():
-            # A directory cannot be renamed over a non-empty one: move the old one aside first.
+            # A directory cannot be renamed over a non-empty one: move the old one aside first. A crash between
+            # the two renames leaves the old copy complete under .NAME.old-*, where load_experience finds it.
             old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(target, old)
             os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
         if fsync:
-            _fsync_file(target.parent)
+            _fsync_path(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _remove_leftovers(target, ("tmp", "old"))
     return target
 
 
 def _read_header(path: pathlib.Path) -> dict[str, Any]:
+    """The verified header body; every failure is a PoolCheckpointError naming ``path``."""
     if not path.is_file():
         raise PoolCheckpointError(f"{path}: missing (not a saved experience directory, or an interrupted save)")
     try:
-        header = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        size = path.stat().st_size
+        if size > _HEADER_MAX_BYTES:
+            raise PoolCheckpointError(f"{path}: {size} bytes, not a header (corrupt file)")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
+    framed = (
+        len(raw) > _HEADER_TRAILER
+        and raw.endswith(_HEADER_END)
+        and raw[-_HEADER_TRAILER : -_HEADER_TRAILER + len(_HEADER_SUM_KEY)] == _HEADER_SUM_KEY
+    )
+    if not framed:
+        try:  # an older or foreign file: say which, when it parses
+            legacy = json.loads(raw)
+        except ValueError:
+            legacy = None
+        if isinstance(legacy, dict) and legacy.get("format") == FORMAT:
+            raise PoolCheckpointError(
+                f"{path}: schema_version {legacy.get('schema_version')!r} is not supported (this code reads "
+                f"{SCHEMA_VERSION}, whose header carries its own checksum). It was written by an earlier version of "
+                f"the recipe: resume with that version, or move the checkpoint's exgrpo/ folder aside and set "
+                f"exgrpo.resume_pool=empty to resume verl's state with an empty pool"
+            )
+        raise PoolCheckpointError(f"{path}: unreadable or corrupt header (not a checksummed ExGRPO header)")
+    body = raw[:-_HEADER_TRAILER] + b"}"
+    recorded = raw[-64 - len(_HEADER_END) : -len(_HEADER_END)]
+    if hashlib.sha256(body).hexdigest().encode("ascii") != recorded:
+        raise PoolCheckpointError(f"{path}: checksum mismatch (corrupt or modified header)")
+    try:
+        header = json.loads(body)
+    except ValueError as e:  # only a writer bug gets here: the checksum matched
         raise PoolCheckpointError(f"{path}: unreadable or corrupt JSON header: {e}") from e
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise PoolCheckpointError(f"{path}: not an ExGRPO experience header (format tag {FORMAT!r} missing)")
@@ -161,36 +276,73 @@ def _read_header(path: pathlib.Path) -> dict[str, Any]:
         raise PoolCheckpointError(
             f"{path}: schema_version {version!r} is not supported (this code reads {SCHEMA_VERSION})"
         )
-    for key in ("pool", "files", "extra"):
-        if key not in header:
+    for key, kind in (("pool", dict), ("files", dict), ("extra", dict)):
+        if not isinstance(header.get(key), kind):
             raise PoolCheckpointError(f"{path}: header lacks the {key!r} section")
     return header
 
 
-def _open_arrow(
-    path: pathlib.Path, expected_bytes: int, schema: pa.Schema
-) -> tuple[pa.MemoryMappedFile, pa.ipc.RecordBatchFileReader]:
-    """Memory-map and open an Arrow IPC file: batches are read zero-copy from the page cache and copied once,
-    straight into the pool's own arrays (no intermediate buffers). The caller closes the map."""
+def _map_verified(path: pathlib.Path, info: Any) -> tuple[pa.MemoryMappedFile, pa.Buffer]:
+    """Memory-map a data file and check its size and whole-file CRC-32 against the header's record. The
+    caller closes the map; Arrow then reads batches zero-copy from it, copied once into the pool's arrays."""
+    if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("crc32"), int):
+        raise PoolCheckpointError(f"{path}: the header's record of this file is malformed")
     if not path.is_file():
         raise PoolCheckpointError(f"{path}: missing")
     size = path.stat().st_size
-    if size != expected_bytes:
+    if size != info["bytes"]:
         raise PoolCheckpointError(
-            f"{path}: truncated or modified: the header records {expected_bytes} bytes, found {size}"
+            f"{path}: truncated or modified: the header records {info['bytes']} bytes, found {size}"
         )
     source = None
     try:
         source = pa.memory_map(str(path), "r")
-        reader = pa.ipc.open_file(source)
-    except (pa.ArrowException, OSError) as e:
+        buf = source.read_buffer()
+        crc = zlib.crc32(memoryview(buf))
+    except (pa.ArrowException, OSError, ValueError) as e:
         if source is not None:
             source.close()
+        raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
+    if crc != info["crc32"]:
+        source.close()
+        raise PoolCheckpointError(f"{path}: checksum mismatch (corrupt file)")
+    return source, buf
+
+
+def _open_ipc(path: pathlib.Path, buf: pa.Buffer, schema: pa.Schema) -> pa.ipc.RecordBatchFileReader:
+    try:
+        reader = pa.ipc.open_file(buf)
+    except (pa.ArrowException, OSError) as e:
         raise PoolCheckpointError(f"{path}: not a readable Arrow IPC file: {e}") from e
     if not reader.schema.equals(schema):
-        source.close()
         raise PoolCheckpointError(f"{path}: unexpected columns {reader.schema.names}, expected {schema.names}")
-    return source, reader
+    return reader
+
+
+def _resolve(directory: pathlib.Path) -> pathlib.Path:
+    """``directory``, or when it is missing the newest complete ``.NAME.old-*`` an interrupted overwrite left."""
+    if directory.is_dir():
+        return directory
+    found = []
+    for old in _leftovers(directory, "old"):
+        try:
+            found.append((float(_read_header(old / HEADER).get("saved_at", 0.0)), old))
+        except (PoolCheckpointError, TypeError, ValueError):
+            continue
+    if found:
+        old = max(found)[1]
+        logger.warning(
+            "%s is missing: a save that replaced it was interrupted between its two renames; loading the previous "
+            "copy from %s (the next save cleans it up)",
+            directory,
+            old,
+        )
+        return old
+    leftovers = _leftovers(directory, "old") + _leftovers(directory, "tmp")
+    hint = (
+        f"; leftovers of interrupted saves (none loadable): {', '.join(str(p) for p in leftovers)}" if leftovers else ""
+    )
+    raise PoolCheckpointError(f"{directory}: no saved experience directory{hint}")
 
 
 def load_experience(
@@ -203,80 +355,82 @@ def load_experience(
 ) -> dict[str, Any]:
     """Restore the pool (and the given components) from ``directory``; returns the saved ``extra`` dict.
 
-    Raises :class:`PoolCheckpointError` (naming the file) for a missing, truncated, corrupt or incompatible
-    checkpoint. After an error the components are in an undefined state: build fresh ones.
+    Every file is verified against its checksum before it is parsed. Raises :class:`PoolCheckpointError` (naming
+    the file) for a missing, truncated, corrupt, inconsistent or incompatible checkpoint, never another exception.
+    After an error the components are in an undefined state: build fresh ones.
     """
-    d = pathlib.Path(directory)
-    if not d.is_dir():
-        raise PoolCheckpointError(f"{d}: no saved experience directory")
-    header = _read_header(d / HEADER)
-    files = header["files"]
-    meta = header["pool"]
-    if int(meta.get("k", -1)) != pool.k:
+    d = _resolve(pathlib.Path(directory))
+    hpath = d / HEADER
+    header = _read_header(hpath)
+    files, meta = header["files"], header["pool"]
+    if meta.get("k") != pool.k:
         raise PoolCheckpointError(
-            f"{d / HEADER}: the saved pool has K={meta.get('k')} but this run has K={pool.k} "
+            f"{hpath}: the saved pool has K={meta.get('k')} but this run has K={pool.k} "
             "(buckets are success counts out of K; they cannot be converted)"
         )
+    tinfo = files.get(TOKENS)
+    einfo = files.get(ENTRIES)
+    try:
+        batch_info = [(int(b["rows"][0]), int(b["rows"][1]), int(b["tokens"])) for b in tinfo["batches"]]
+        n_rows = int(einfo["rows"])
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise PoolCheckpointError(f"{hpath}: malformed file table: {type(e).__name__}: {e}") from e
 
     # entries.arrow
     epath = d / ENTRIES
-    try:
-        einfo = files[ENTRIES]
-        source, reader = _open_arrow(epath, int(einfo["bytes"]), _ENTRY_SCHEMA)
-        with source:
+    source, buf = _map_verified(epath, einfo)
+    with source:
+        reader = _open_ipc(epath, buf, _ENTRY_SCHEMA)
+        try:
             table = reader.read_all()
             entries = {name: table.column(name).to_numpy().copy() for name in _COLUMNS}
-            del table, reader
-    except PoolCheckpointError:
-        raise
-    except (pa.ArrowException, OSError, KeyError, TypeError, ValueError) as e:
-        raise PoolCheckpointError(f"{epath}: unreadable: {e}") from e
-    if entries["entry_id"].shape[0] != int(einfo["rows"]) or _crc(*(entries[n] for n in _COLUMNS)) != einfo["crc32"]:
-        raise PoolCheckpointError(f"{epath}: checksum or row-count mismatch (corrupt file)")
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise PoolCheckpointError(f"{epath}: unreadable: {e}") from e
+        del table, reader, buf
+    if entries["entry_id"].shape[0] != n_rows:
+        raise PoolCheckpointError(f"{epath}: holds {entries['entry_id'].shape[0]} rows, the header records {n_rows}")
 
     # tokens.arrow, batch by batch
     tpath = d / TOKENS
-    try:
-        tinfo = files[TOKENS]
-        batch_info = list(tinfo["batches"])
-    except (KeyError, TypeError) as e:
-        raise PoolCheckpointError(f"{d / HEADER}: malformed file table: {e}") from e
-    tsource, treader = _open_arrow(tpath, int(tinfo["bytes"]), _TOKEN_SCHEMA)
-    if treader.num_record_batches != len(batch_info):
-        tsource.close()
-        raise PoolCheckpointError(
-            f"{tpath}: holds {treader.num_record_batches} record batches, the header records {len(batch_info)}"
-        )
+    tsource, tbuf = _map_verified(tpath, tinfo)
+    with tsource:  # the stores copy every batch, so no view into the map outlives it
+        treader = _open_ipc(tpath, tbuf, _TOKEN_SCHEMA)
+        if treader.num_record_batches != len(batch_info):
+            raise PoolCheckpointError(
+                f"{tpath}: holds {treader.num_record_batches} record batches, the header records {len(batch_info)}"
+            )
 
-    def token_batches() -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-        for i, info in enumerate(batch_info):
-            try:
-                rb = treader.get_batch(i)
-                ids = rb.column(0).to_numpy(zero_copy_only=True)
-                lps = rb.column(1).to_numpy(zero_copy_only=True)
-            except (pa.ArrowException, OSError) as e:
-                raise PoolCheckpointError(f"{tpath}: record batch {i} unreadable: {e}") from e
-            if ids.shape[0] != int(info["tokens"]) or _crc(ids, lps) != int(info["crc32"]):
-                raise PoolCheckpointError(f"{tpath}: record batch {i} fails its checksum (corrupt file)")
-            start, stop = info["rows"]
-            yield int(start), int(stop), ids, lps
+        def token_batches() -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+            for i, (start, stop, n_tokens) in enumerate(batch_info):
+                try:
+                    rb = treader.get_batch(i)
+                    ids = rb.column(0).to_numpy(zero_copy_only=True)
+                    lps = rb.column(1).to_numpy(zero_copy_only=True)
+                except (pa.ArrowException, OSError, ValueError) as e:
+                    raise PoolCheckpointError(f"{tpath}: record batch {i} unreadable: {e}") from e
+                if ids.shape[0] != n_tokens:
+                    raise PoolCheckpointError(
+                        f"{tpath}: record batch {i} holds {ids.shape[0]} tokens, the header records {n_tokens}"
+                    )
+                yield start, stop, ids, lps
 
-    try:
-        with tsource:  # the stores copy every batch, so no view into the map outlives it
+        try:
             pool._import(meta, entries, token_batches())
-    except PoolCheckpointError:
-        raise
-    except (ValueError, KeyError, TypeError) as e:
-        raise PoolCheckpointError(f"{d}: {HEADER}, {ENTRIES} and {TOKENS} are inconsistent: {e}") from e
+        except PoolCheckpointError:
+            raise
+        except Exception as e:  # whatever a consistent-looking but wrong header trips over (a duplicated id ...)
+            raise PoolCheckpointError(
+                f"{hpath}: inconsistent with {ENTRIES} / {TOKENS} of {d}: {type(e).__name__}: {e}"
+            ) from e
 
     for name, comp in (("sampler", sampler), ("selector", selector), ("schedule", schedule)):
         if comp is None:
             continue
         state = header.get(name)
         if state is None:
-            raise PoolCheckpointError(f"{d / HEADER}: no saved {name} state to load")
+            raise PoolCheckpointError(f"{hpath}: no saved {name} state to load")
         try:
             comp.load_state_dict(state)
-        except (ValueError, KeyError, TypeError) as e:
-            raise PoolCheckpointError(f"{d / HEADER}: invalid {name} state: {e}") from e
+        except Exception as e:
+            raise PoolCheckpointError(f"{hpath}: invalid {name} state: {type(e).__name__}: {e}") from e
     return dict(header["extra"])

@@ -1,6 +1,6 @@
 """The experience pool: correct trajectories of partially solved questions, their buckets and the retired set.
 
-ALGORITHM.md §2 (state) and §3 (collection). The pool keeps, per question, its distinct correct trajectories
+docs/algorithm.md §2 (state) and §3 (collection). The pool keeps, per question, its distinct correct trajectories
 (response token ids with EOS, one behaviour log-prob per token, reward, step collected), the question's latest
 success count k (its *bucket*), and the set of retired questions (solved K/K, never replayed again).
 
@@ -107,7 +107,7 @@ class CollectStats:
 
     step: int
     groups: int = 0
-    skipped: bool = False  # collect_from='mixed' and mixed mode was off: nothing collected
+    skipped: bool = False  # collect_from='mixed' and mixed mode was off: only retirement, nothing stored
     retired: int = 0  # questions retired this call (k = K)
     ignored_retired: int = 0  # groups of already-retired questions (nothing done)
     zero_success: int = 0  # groups with k = 0
@@ -419,7 +419,7 @@ _COLUMNS = {  # per-entry metadata columns: name -> dtype
 
 
 class ExperiencePool:
-    """Experience pool with the collection rules of ALGORITHM.md §3.
+    """Experience pool with the collection rules of docs/algorithm.md §3.
 
     Typical use per training step (the trainer's order)::
 
@@ -555,12 +555,27 @@ class ExperiencePool:
             return []
         return [self._candidate(qid, s, copy) for s in self._slots_of[qi]]
 
-    def candidates(
-        self, question_ids: Iterable[QuestionId], *, max_per_question: int | None = None, copy: bool = True
-    ) -> list[list[Candidate]]:
-        """Per drawn question, its stored trajectories (the newest ``max_per_question`` when capped).
+    def lengths(self, qid: QuestionId) -> np.ndarray:
+        """Response lengths (tokens) of a question's stored trajectories, oldest first (empty when none)."""
+        qi = self._qindex.get(qid)
+        if qi is None:
+            return np.zeros(0, dtype=np.int32)
+        return self._cols["length"][np.asarray(self._slots_of[qi], dtype=np.int64)]
 
-        Raises KeyError for a question without stored trajectories (the sampler never draws one).
+    def candidates(
+        self,
+        question_ids: Iterable[QuestionId],
+        *,
+        max_per_question: int | None = None,
+        max_length: int | None = None,
+        copy: bool = True,
+    ) -> list[list[Candidate]]:
+        """Per drawn question, its stored trajectories, oldest first.
+
+        ``max_length``: leave out trajectories longer than this many tokens (e.g. a run resumed with a lower
+        response limit); a question may then get an empty list. ``max_per_question``: keep the newest ones
+        (after the length filter). Raises KeyError for a question without stored trajectories (the sampler
+        never draws one).
         """
         out = []
         for qid in question_ids:
@@ -568,6 +583,9 @@ class ExperiencePool:
             slots = self._slots_of[qi] if qi is not None else []
             if not slots:
                 raise KeyError(f"question {qid!r} has no stored trajectories in the experience pool")
+            if max_length is not None:
+                lengths = self._cols["length"]
+                slots = [s for s in slots if lengths[s] <= max_length]
             if max_per_question is not None:
                 slots = slots[-max_per_question:]
             out.append([self._candidate(qid, s, copy) for s in slots])
@@ -715,7 +733,7 @@ class ExperiencePool:
         return n
 
     def collect(self, step: int, groups: Iterable[Group], *, mixed: bool = True) -> CollectStats:
-        """Apply the collection rules of ALGORITHM.md §3 to this step's groups (after rewards are known).
+        """Apply the collection rules of docs/algorithm.md §3 to this step's groups (after rewards are known).
 
         Per group, k = successes among the counted members (all K, or the fresh ones only when
         ``count_replayed_in_k`` is off):
@@ -726,17 +744,17 @@ class ExperiencePool:
         * lbound < k <= rbound -> bucket_of = k and every correct fresh member not already stored is added;
         * otherwise nothing changes. Retired questions are ignored.
 
-        ``mixed`` is the delayed-start flag *of this step*; with ``collect_from='mixed'`` nothing (no
-        collection, no retirement) happens before mixed mode, as in the released code. The caps evict the
-        oldest entries after the groups are processed.
+        ``mixed`` is the delayed-start flag *of this step*. With ``collect_from='mixed'`` (the released code)
+        only retirement happens before mixed mode: K/K questions are retired from step 1, while storing
+        trajectories, bucket updates and the 0/K rule wait for the switch (``stats.skipped`` is then True).
+        The caps evict the oldest entries after the groups are processed.
         """
         groups = list(groups)
         stats = CollectStats(step=step, groups=len(groups))
         self.counters["collect_calls"] += 1
         self._last_step = step
-        if self.collect_from == "mixed" and not mixed:
-            stats.skipped = True
-            return stats
+        retire_only = self.collect_from == "mixed" and not mixed
+        stats.skipped = retire_only
         for g in groups:
             qid = g.question_id
             members = g.members
@@ -754,6 +772,8 @@ class ExperiencePool:
             if k_succ == len(counted):
                 self.retire(qid, step)
                 stats.retired += 1
+                continue
+            if retire_only:
                 continue
             if k_succ == 0:
                 stats.zero_success += 1

@@ -1,4 +1,4 @@
-"""Question sampling across buckets (ALGORITHM.md §4).
+"""Question sampling across buckets (docs/algorithm.md §4).
 
 A bucket weighting maps the non-empty sampleable buckets k (1 <= k <= K-1; bucket 0 is never sampled) to
 weights; the bucket probability is p_k = w_k / sum_j w_j, *per bucket*, not per question. A draw of n

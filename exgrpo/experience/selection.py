@@ -1,4 +1,4 @@
-"""Trajectory selection: one stored trajectory per replayed question (ALGORITHM.md §5).
+"""Trajectory selection: one stored trajectory per replayed question (docs/algorithm.md §5).
 
 Default: score every stored trajectory of a drawn question under the *current* policy and take the argmin of
 its mean token entropy H(o) = (1/|o|) sum_t H_t. The per-trajectory score comes from
@@ -9,10 +9,12 @@ Metrics are registered with :func:`register_trajectory_metric`. A metric gets th
 questions and a :class:`MetricContext` (the score provider, the seeded RNG, the n-gram size) and returns one
 score array per question; :class:`TrajectorySelector` then takes the argmin (``mode='min'``) or argmax.
 
-The score provider is a callable the trainer supplies: ``provider(candidates, quantity) -> scores`` with
-``quantity`` in {"entropy", "nll"}: one float per candidate, the masked mean of token entropies (or of -log p
-of the sampled tokens) under the current policy. It is called once per step with all candidates flattened, so
-the trainer runs one forward pass, batched by :func:`batch_by_token_budget`.
+The model's figures reach selection in one form: :class:`CandidateTokenStats`, the per-token entropies and
+log-probs of every candidate under the current policy (padded ``[N, T]`` tensors with their response mask, in
+the flat order of the candidate lists). The trainer gets them from the old-log-prob pass it runs anyway (the
+candidates ride along with the step's fresh rows); :meth:`CandidateTokenStats.scores` reduces them per
+candidate with :func:`trajectory_scores`. Inside the selector a metric sees a *score provider*
+``provider(candidates, quantity) -> scores`` (one float per candidate), which is what a custom metric calls.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRAJECTORY_METRICS",
+    "CandidateTokenStats",
     "MetricContext",
     "ScoreProvider",
     "SelectedTrajectory",
     "TrajectorySelector",
-    "batch_by_token_budget",
     "get_trajectory_metric",
     "masked_mean_per_row",
     "ngram_overlap_scores",
@@ -90,11 +92,11 @@ def masked_mean_per_row(values: torch.Tensor, mask: torch.Tensor, eps: float = 1
     """Mean of ``values`` over the positions where ``mask`` is set, per row ([B, T] -> [B]).
 
     Each row is divided by its *own* mask count (never another row's), and an all-zero mask gives 0, not NaN.
-    Computed in float32 at least (bf16 entropies summed over 8k tokens lose precision).
+    Computed in float64 (bf16/fp32 entropies summed over 8k tokens lose precision; near-ties must not flip).
     """
     if values.shape != mask.shape:
         raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must have the same shape")
-    dtype = torch.promote_types(values.dtype, torch.float32)
+    dtype = torch.float64
     m = mask.to(dtype)
     total = (values.to(dtype) * m).sum(dim=-1)
     return total / m.sum(dim=-1).clamp_min(eps)
@@ -123,32 +125,46 @@ def trajectory_scores(
     raise ValueError(f"unknown score quantity {quantity!r}; expected 'entropy' or 'nll'")
 
 
-def batch_by_token_budget(lengths: Sequence[int], token_budget: int, *, padded: bool = True) -> list[list[int]]:
-    """Split candidate indices into forward batches of at most ``token_budget`` tokens.
+@dataclass(frozen=True)
+class CandidateTokenStats:
+    """Per-token figures of the candidates under the current policy: the one input selection takes from a model.
 
-    Longest first, so that rows of a padded batch have similar lengths. ``padded``: a batch costs
-    rows x its longest row (a padded forward); otherwise the sum of lengths (remove-padding). A candidate longer
-    than the budget gets a batch of its own.
+    ``response_mask``, ``entropy`` and ``log_prob`` are ``[N, T]`` (padded; row i = the i-th candidate of the
+    flattened candidate lists). ``entropy`` is the full-vocabulary entropy of the distribution that predicted each
+    response token, ``log_prob`` the log-probability of the sampled token. Either may be None when the selection
+    metric does not need it.
     """
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = cur_sum = 0
-    for i in order:
-        n = int(lengths[i])
-        new_max, new_sum = max(cur_max, n), cur_sum + n
-        cost = new_max * (len(cur) + 1) if padded else new_sum
-        if cur and cost > token_budget:
-            batches.append(cur)
-            cur, cur_max, cur_sum = [], 0, 0
-            new_max, new_sum = n, n
-        cur.append(i)
-        cur_max, cur_sum = new_max, new_sum
-    if cur:
-        batches.append(cur)
-    return batches
+
+    response_mask: torch.Tensor
+    entropy: torch.Tensor | None = None
+    log_prob: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("entropy", "log_prob"):
+            t = getattr(self, name)
+            if t is not None and tuple(t.shape) != tuple(self.response_mask.shape):
+                raise ValueError(
+                    f"CandidateTokenStats.{name} has shape {tuple(t.shape)}; the response mask has "
+                    f"{tuple(self.response_mask.shape)}"
+                )
+
+    def __len__(self) -> int:
+        return int(self.response_mask.shape[0])
+
+    def scores(self, quantity: str) -> np.ndarray:
+        """One float64 score per candidate: :func:`trajectory_scores` over the response tokens."""
+        out = trajectory_scores(quantity, self.response_mask, entropies=self.entropy, log_probs=self.log_prob)
+        return out.detach().cpu().numpy()
+
+    def provider(self) -> ScoreProvider:
+        """The score provider a metric calls: checks the candidate count, then reduces per candidate."""
+
+        def provide(flat: Sequence[Candidate], quantity: str) -> np.ndarray:
+            if len(flat) != len(self):
+                raise ValueError(f"token statistics of {len(self)} candidates for {len(flat)} candidates")
+            return self.scores(quantity)
+
+        return provide
 
 
 def _split(scores: Any, groups: Sequence[Sequence[Candidate]], what: str) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""Verifiable rewards (ALGORITHM.md §10): binary math-verify equivalence with the ``</think>`` gate, option
+"""Verifiable rewards (docs/algorithm.md §10): binary math-verify equivalence with the ``</think>`` gate, option
 labels for multiple-choice benchmarks, a per-call timeout that works off the main thread, and no exceptions.
 
 The plain API is ``score`` (a float) / ``grade`` (a ``RewardResult``); verl's entry point is

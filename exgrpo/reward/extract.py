@@ -1,9 +1,10 @@
-"""Answer extraction for the verifiable reward (ALGORITHM.md §10): the think gate, the last ``\\boxed{}`` and
+"""Answer extraction for the verifiable reward (docs/rewards_and_data.md): the think gate, the last ``\\boxed{}`` and
 the option letter of multiple-choice questions.
 
 Everything here is plain string scanning that runs in time linear in the response length (no backtracking
-regular expressions over the whole response), so it is safe to run in the caller's thread without a timeout;
-only the math-verify comparison (``exgrpo.reward.math_verifier``) needs the timeout of ``exgrpo.reward.isolation``.
+regular expressions over the whole response, no rescan per unclosed box), so it runs in the caller's thread;
+its time still counts against the call's deadline (``exgrpo.reward.score``), and the math-verify comparison
+(``exgrpo.reward.math_verifier``) runs in a grader process under that deadline (``exgrpo.reward.isolation``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import re
 
 THINK_CLOSE = "</think>"
 
-# ``\fbox`` is what some models write instead of ``\boxed``; both mark the final answer.
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+# ``\fbox`` is what some models write instead of ``\boxed``; both mark the final answer (``_BOX`` below).
 
 # Option labels: MMLU-Pro has up to ten options (A-J); a few ARC-Challenge questions number them 1-5.
 LETTER_LABELS = "ABCDEFGHIJ"
@@ -23,7 +23,7 @@ DIGIT_LABELS = "123456789"
 def split_after_think(text: str, marker: str = THINK_CLOSE) -> str | None:
     """The text after the *last* ``</think>``, or None when the response never closes its think block.
 
-    The released reward graded only what follows ``</think>`` and gave 0 without it (ALGORITHM.md §10); taking
+    The released reward graded only what follows ``</think>`` and gave 0 without it (docs/algorithm.md §10); taking
     the last marker means a model that re-opens and closes thinking is graded on its final solution section.
     """
     idx = text.rfind(marker)
@@ -32,28 +32,30 @@ def split_after_think(text: str, marker: str = THINK_CLOSE) -> str | None:
     return text[idx + len(marker) :]
 
 
-def _braced_group(text: str, open_idx: int) -> int | None:
-    """Index of the ``}`` closing the ``{`` at ``open_idx`` (nested groups counted, ``\\{`` / ``\\}`` skipped)."""
-    depth = 0
-    i = open_idx
-    n = len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "\\":
-            i += 2  # an escaped character (``\{``, ``\}``, ``\\``) never opens or closes a group
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+# What matters to brace matching: an escape pair (``\{``, ``\}``, ``\\``: never opens or closes a group) or a brace.
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.S)
 
 
-def _box_content_at(text: str, start: int, command: str) -> str | None:
-    """Content of ``\\boxed{...}`` / ``\\boxed x`` starting at ``start``, or None if malformed or truncated."""
+def _matching_braces(text: str, start: int) -> dict[int, int]:
+    """``{open index: close index}`` for every balanced group opening at or after ``start``, in one pass."""
+    closes: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE_TOKEN.finditer(text, start):
+        token = m.group()
+        if token == "{":
+            stack.append(m.start())
+        elif token == "}" and stack:
+            closes[stack.pop()] = m.start()
+    return closes
+
+
+def _box_content_at(text: str, start: int, command: str, closes: dict[int, int]) -> str | None:
+    """Content of ``\\boxed{...}`` / ``\\boxed x`` starting at ``start``, or None if malformed or truncated.
+
+    ``closes`` maps each ``{`` to its ``}`` (``_matching_braces``). The cost is O(1) plus the spaces after the
+    command, so trying every box of a response stays linear.
+    """
     i = start + len(command)
     n = len(text)
     if i < n and text[i].isalpha():
@@ -63,7 +65,7 @@ def _box_content_at(text: str, start: int, command: str) -> str | None:
     if i >= n:
         return None
     if text[i] == "{":
-        close = _braced_group(text, i)
+        close = closes.get(i)
         if close is None:
             return None  # truncated response: the box never closes
         return text[i + 1 : close]
@@ -80,21 +82,18 @@ def last_boxed(text: str) -> str | None:
     """Content of the last well-formed ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``; None when there is none.
 
     Nested braces are matched (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``). A box left open at the end
-    of a truncated response is skipped in favour of the previous complete one.
+    of a truncated response is skipped in favour of the previous complete one. Linear in the length of ``text``:
+    the boxes are found in one scan and all braces matched in another, however many boxes never close.
     """
-    end = len(text)
-    while True:
-        best, command = -1, ""
-        for cmd in _BOX_COMMANDS:
-            pos = text.rfind(cmd, 0, end)
-            if pos > best:
-                best, command = pos, cmd
-        if best < 0:
-            return None
-        content = _box_content_at(text, best, command)
+    boxes = [(m.start(), m.group()) for m in _BOX.finditer(text)]
+    if not boxes:
+        return None
+    closes = _matching_braces(text, boxes[0][0])
+    for start, command in reversed(boxes):
+        content = _box_content_at(text, start, command, closes)
         if content is not None:
             return content
-        end = best
+    return None
 
 
 _WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mathit|textrm|bf|rm|mbox)\s*\{(.*)\}$", re.S)

@@ -1,4 +1,4 @@
-"""Mathematical equivalence with math-verify (ALGORITHM.md §10), without math-verify's own timeouts.
+"""Mathematical equivalence with math-verify (docs/algorithm.md §10), without math-verify's own timeouts.
 
 math-verify guards parsing and comparison with ``signal.alarm``, which only works in the main thread of the
 main interpreter; verl calls the reward from executor threads inside Ray actors, where it raises. So both
@@ -39,7 +39,7 @@ def _parse_gold(ground_truth: str) -> tuple[Any, ...]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     # A ground truth is a bare answer ("\frac{1}{2}", "$2n$", "np.arcsin(10/13)"); boxing it makes math-verify
-    # read the whole string as one answer (on the 1,054 distinct answers of ../shared/data/benchmarks every
+    # read the whole string as one answer (on the 1,054 distinct answers of the released evaluation files every
     # boxed ground truth verifies against itself; wrapping in "$...$" failed on one).
     parsed = parse("\\boxed{" + ground_truth + "}", [LatexExtractionConfig()], parsing_timeout=None)
     if not parsed:

@@ -1,4 +1,4 @@
-"""The verifiable reward of ExGRPO (ALGORITHM.md §10): binary, math-verify based, with the ``</think>`` gate.
+"""The verifiable reward of ExGRPO (docs/algorithm.md §10): binary, math-verify based, with the ``</think>`` gate.
 
 One response is graded in this order:
 
@@ -7,7 +7,12 @@ One response is graded in this order:
    (``extract.extract_choice_label``) must equal the ground-truth label.
 3. otherwise math: the last ``\\boxed{}`` is the answer (exact match after a LaTeX-blind normalisation
    shortcuts to 1); with no box, math-verify extracts the answer from the answer section itself. Equivalence
-   is math-verify's, run in a worker process with a hard deadline (``isolation.GraderPool``).
+   is math-verify's, run in a worker process (``isolation.GraderPool``).
+
+One deadline bounds the whole call: ``timeout_s`` after it starts, whatever is left after extraction (linear in
+the response length) and after waiting for a free grader process is what the check gets; a call returns within
+``timeout_s`` plus the time to kill an overrunning worker (the first calls of a process also wait, once, for the
+first grader process to start).
 
 Nothing raises: a bad response, a bad ground truth, a math-verify exception or a timeout scores 0 and is
 counted in ``reward_stats()`` (per process) and flagged in the result (``reward_error`` / ``reward_timeout``).
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +39,7 @@ from exgrpo.reward.extract import (
     last_boxed,
     split_after_think,
 )
-from exgrpo.reward.isolation import GraderPool, GradingTimeout, get_default_pool
+from exgrpo.reward.isolation import GraderPool, GraderReply, GradingTimeout, get_default_pool
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +62,9 @@ class RewardResult:
     outcome: str
     pred: str = ""  # the extracted answer (boxed content, option label, or math-verify's match), <= 200 chars
     think_closed: bool = False  # whether the response contains "</think>" (recorded with the gate on or off)
-    error: str | None = None  # "ExceptionType: message" for outcome "error"
+    error: str | None = None  # "ExceptionType: message" for outcome "error"; what ran out for "timeout"
+    queue_s: float = 0.0  # seconds the call waited for a free grader process (0 when it needed none)
+    queue_timeout: bool = False  # outcome "timeout" struck before a grader process was free
 
     @property
     def correct(self) -> bool:
@@ -75,24 +83,31 @@ class RewardResult:
             "think_closed": float(self.think_closed),
             "reward_error": float(self.outcome == "error"),
             "reward_timeout": float(self.outcome == "timeout"),
+            "reward_queue_s": float(self.queue_s),
         }
 
 
+_QUEUE_KEYS = ("queue_s_total", "queue_s_max", "queue_timeouts")
+
+
 class RewardStats:
-    """Per-process counters of graded calls by outcome (thread-safe)."""
+    """Per-process counters of graded calls by outcome, and the time they queued for a grader (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("calls", *OUTCOMES), 0)
+        self._counts: dict[str, float] = dict.fromkeys(("calls", *OUTCOMES, *_QUEUE_KEYS), 0)
 
-    def record(self, outcome: str) -> int:
+    def record(self, outcome: str, queue_s: float = 0.0, queue_timeout: bool = False) -> int:
         """Count one call; returns the running count of that outcome."""
         with self._lock:
             self._counts["calls"] += 1
             self._counts[outcome] += 1
-            return self._counts[outcome]
+            self._counts["queue_s_total"] += queue_s
+            self._counts["queue_s_max"] = max(self._counts["queue_s_max"], queue_s)
+            self._counts["queue_timeouts"] += int(queue_timeout)
+            return int(self._counts[outcome])
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, float]:
         with self._lock:
             return dict(self._counts)
 
@@ -107,8 +122,10 @@ _LOG_FIRST = 20  # log the first failures of each kind in full, then one in _LOG
 _LOG_EVERY = 1000
 
 
-def reward_stats() -> dict[str, int]:
-    """Counts of graded calls in this process: ``calls`` and one entry per outcome (``error``, ``timeout`` ...)."""
+def reward_stats() -> dict[str, float]:
+    """Figures of the graded calls in this process: ``calls``, one count per outcome (``error``, ``timeout`` ...),
+    and the waiting for a free grader process: ``queue_s_total``, ``queue_s_max`` (seconds) and
+    ``queue_timeouts`` (timeouts that struck before the call got a grader)."""
     return _STATS.snapshot()
 
 
@@ -150,14 +167,14 @@ def _math_equal(
     pred_text: str,
     ground_truths: tuple[str, ...],
     from_boxed: bool,
-    timeout_s: float | None,
+    deadline: float | None,
     pool: GraderPool | None,
     max_workers: int | None,
-) -> tuple[bool, str]:
-    if timeout_s is None or timeout_s <= 0:
-        return math_verifier.math_equal(pred_text, ground_truths, from_boxed)
+) -> GraderReply:
+    if deadline is None:
+        return GraderReply(*math_verifier.math_equal(pred_text, ground_truths, from_boxed), queue_s=0.0)
     pool = pool or get_default_pool(max_workers)
-    return pool.math_equal(pred_text, ground_truths, from_boxed, timeout_s)
+    return pool.check(pred_text, ground_truths, from_boxed, deadline)
 
 
 def _grade(
@@ -172,6 +189,8 @@ def _grade(
     max_workers: int | None,
     exact_shortcut: bool,
 ) -> RewardResult:
+    # The deadline starts now: extraction and queueing for a grader count against it.
+    deadline = None if timeout_s is None or timeout_s <= 0 else time.monotonic() + timeout_s
     if not isinstance(response, str):
         raise TypeError(f"response must be str, got {type(response).__name__}")
     answers = normalize_ground_truths(ground_truth)
@@ -208,12 +227,14 @@ def _grade(
             return RewardResult(0.0, "no_answer", think_closed=think_closed)
         pred_text, from_boxed = region, False
     try:
-        ok, shown = _math_equal(pred_text, answers, from_boxed, timeout_s, pool, max_workers)
-    except GradingTimeout:
-        return RewardResult(0.0, "timeout", pred=pred_text[:200] if from_boxed else "", think_closed=think_closed)
+        reply = _math_equal(pred_text, answers, from_boxed, deadline, pool, max_workers)
+    except GradingTimeout as e:
+        pred = pred_text[:200] if from_boxed else ""
+        return RewardResult(0.0, "timeout", pred, think_closed, error=str(e), queue_s=e.queue_s, queue_timeout=e.queued)
+    ok, shown, queue_s = reply.equal, reply.shown, reply.queue_s
     if not ok and not shown:
-        return RewardResult(0.0, "no_answer", think_closed=think_closed)
-    return RewardResult(float(ok), "correct" if ok else "wrong", pred=shown, think_closed=think_closed)
+        return RewardResult(0.0, "no_answer", think_closed=think_closed, queue_s=queue_s)
+    return RewardResult(float(ok), "correct" if ok else "wrong", pred=shown, think_closed=think_closed, queue_s=queue_s)
 
 
 def grade(
@@ -236,8 +257,10 @@ def grade(
             option labels.
         think_gate: grade only the text after the last ``</think>`` and give 0 without one (think-template
             models); False grades the whole response (Llama base, the toy arithmetic task).
-        timeout_s: hard deadline for the math-verify check, enforced in a worker process; None or <= 0 grades
-            in the calling thread with no timeout (trusted inputs, or a process that may not start children).
+        timeout_s: hard deadline for the whole call, in seconds from its start: answer extraction, waiting for a
+            free grader process (``RewardResult.queue_s``) and the math-verify check in that worker process all
+            count against it. None or <= 0 grades in the calling thread with no timeout (trusted inputs, or a
+            process that may not start children).
         multiple_choice: force (True) or forbid (False) the option-label check regardless of ``data_source``.
         pool: the worker pool to use; default: the process-wide pool with ``max_workers`` workers.
         exact_shortcut: score a boxed answer equal to a ground truth up to LaTeX spacing as 1 without calling
@@ -259,14 +282,14 @@ def grade(
         )
     except Exception as e:
         result = RewardResult(0.0, "error", error=f"{type(e).__name__}: {str(e)[:200]}")
-    count = _STATS.record(result.outcome)
+    count = _STATS.record(result.outcome, result.queue_s, result.queue_timeout)
     if result.outcome in ("error", "timeout") and (count <= _LOG_FIRST or count % _LOG_EVERY == 0):
         logger.warning(
             "reward %s #%d (scored 0; data_source=%s): %s",
             result.outcome,
             count,
             data_source,
-            result.error or f"math-verify exceeded {timeout_s} s",
+            result.error or f"the call exceeded {timeout_s} s",
         )
     return result
 

@@ -6,19 +6,28 @@ start-up, through the worker group's ``set_loss_fn``. Each micro-batch carries e
 driver's batch, so the replay mask and the stored behaviour log-probs reach the loss intact.
 
 The normalisers (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``) are passed
-through exactly as verl's ``ppo_loss`` does, so the loss scale does not depend on micro-batching or GPU count.
+through exactly as verl's ``ppo_loss`` does, so the loss scale does not depend on micro-batching or GPU count
+(``exgrpo.loss_scale=global``). ``exgrpo.loss_scale=per_rank`` reproduces the released code's scale instead:
+each rank's token sum / L_max (``rank-token-sum-norm``), with the entropy bonus as a token mean.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from tensordict import TensorDict
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
-from exgrpo.objective import LOSS_METRIC_KINDS, mixed_policy_loss
-from recipe.exgrpo.mixed_batch import BEHAVIOUR_LOG_PROBS_KEY, IS_REPLAY_KEY, MIXED_KEY, RATIO_KEY
+from exgrpo.objective import LOSS_METRIC_KINDS, RANK_SUM_NORM, mixed_policy_loss
+from recipe.exgrpo.mixed_batch import (
+    BEHAVIOUR_LOG_PROBS_KEY,
+    EXPERIENCE_GROUP_KEY,
+    IS_REPLAY_KEY,
+    MIXED_KEY,
+    RATIO_KEY,
+)
 
 METRIC_PREFIX = "exgrpo/"
 
@@ -31,7 +40,10 @@ class LossSettings:
     shaping_beta: float = 0.1
     is_correction: bool = True
     fresh_clip: str = "released"
+    dual_clip: bool = False
     weight_terms_by_ratio: bool = False
+    loss_scale: str = "global"
+    skip_grad_norm_above: float | None = None  # applied by the engine hook; the loss checks it is installed
 
 
 def loss_settings_from_config(cfg) -> LossSettings:
@@ -40,8 +52,40 @@ def loss_settings_from_config(cfg) -> LossSettings:
         shaping_beta=float(cfg.shaping_beta),
         is_correction=bool(cfg.is_correction),
         fresh_clip=cfg.fresh_clip,
+        dual_clip=bool(cfg.dual_clip),
         weight_terms_by_ratio=bool(cfg.weight_terms_by_ratio),
+        loss_scale=cfg.loss_scale,
+        skip_grad_norm_above=None if cfg.skip_grad_norm_above is None else float(cfg.skip_grad_norm_above),
     )
+
+
+def fresh_clip_on(fresh_clip: str, mixed: bool) -> bool:
+    """Whether fresh tokens get the PPO clip this step: ``released`` clips until mixed mode (the on-policy
+    baseline never enters it, so it keeps the clip), ``always`` clips, ``never`` does not."""
+    if fresh_clip == "always":
+        return True
+    if fresh_clip == "never":
+        return False
+    if fresh_clip == "released":
+        return not mixed
+    raise ValueError(f"exgrpo.fresh_clip must be released, always or never, got {fresh_clip!r}")
+
+
+ENGINES_MODULE = "recipe.exgrpo.engines"
+_HOOK_CHECKED: set[float] = set()
+
+
+def _check_grad_norm_hook(bound: float) -> None:
+    """Once per worker process: the engine hook of ``exgrpo.skip_grad_norm_above`` is installed."""
+    if bound in _HOOK_CHECKED:
+        return
+    # Look the hook up before importing the checker: it counts only if verl's import loaded it (this import,
+    # coming late, would wrap the engine registry after the engine was built).
+    modules = {ENGINES_MODULE: sys.modules.get(ENGINES_MODULE)}
+    from recipe.exgrpo.engines import check_installed
+
+    check_installed(bound, modules)
+    _HOOK_CHECKED.add(bound)
 
 
 def _kind_to_aggregation(kind: str, loss_aggregation: AggregationType) -> AggregationType:
@@ -55,6 +99,8 @@ def _kind_to_aggregation(kind: str, loss_aggregation: AggregationType) -> Aggreg
 
 def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, settings: LossSettings):
     """Drop-in replacement of verl 0.9.1's ``ppo_loss`` (workers/utils/losses.py) with the mixed objective."""
+    if settings.skip_grad_norm_above is not None:
+        _check_grad_norm_hook(settings.skip_grad_norm_above)
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     entropy = model_output.get("entropy", None)
     if entropy is not None:
@@ -75,13 +121,29 @@ def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, 
             f"ExGRPO actor loss: the micro-batch lacks {missing}; it is installed by RayExGRPOTrainer, which adds "
             "them to every batch (is the loss installed on a plain RayPPOTrainer?)"
         )
-    if RATIO_KEY in data.keys():
-        fields.append(RATIO_KEY)
+    if settings.weight_terms_by_ratio:
+        missing = [f for f in (RATIO_KEY, EXPERIENCE_GROUP_KEY) if f not in data.keys()]
+        if missing:
+            raise KeyError(
+                f"exgrpo.weight_terms_by_ratio=true but the micro-batch lacks {missing}: the trainer adds them with "
+                "recipe.exgrpo.mixed_batch.mark_replay_groups once the replayed members are appended"
+            )
+        fields += [RATIO_KEY, EXPERIENCE_GROUP_KEY]
     padded = data.select(*fields).to_padded_tensor()
     replay_mask = padded[IS_REPLAY_KEY].bool().reshape(-1)
     mixed = bool(padded[MIXED_KEY].bool().any().item())
-    fresh_clip = settings.fresh_clip == "always" or not mixed
-    replay_ratio = float(padded[RATIO_KEY].float().reshape(-1)[0].item()) if RATIO_KEY in padded.keys() else None
+    replay_ratio, experience_group_mask = None, None
+    if settings.weight_terms_by_ratio:
+        replay_ratio = float(padded[RATIO_KEY].float().reshape(-1)[0].item())
+        experience_group_mask = padded[EXPERIENCE_GROUP_KEY].bool().reshape(-1)
+
+    if settings.loss_scale == "per_rank":
+        # the released code: rank token sum / L_max; its entropy bonus is a token mean (verl's global one here)
+        if not config.loss_scale_factor:
+            raise ValueError("exgrpo.loss_scale=per_rank needs actor_rollout_ref.actor.loss_scale_factor (L_max)")
+        loss_agg_mode, entropy_agg_mode = RANK_SUM_NORM, "token-mean"
+    else:
+        loss_agg_mode, entropy_agg_mode = config.loss_agg_mode, None
 
     entropy_coeff = float(config.entropy_coeff or 0.0)
     loss, raw_metrics = mixed_policy_loss(
@@ -91,22 +153,24 @@ def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, 
         advantages=padded["advantages"],
         response_mask=padded["response_mask"].bool(),
         replay_mask=replay_mask,
-        loss_agg_mode=config.loss_agg_mode,
+        loss_agg_mode=loss_agg_mode,
         shaping=settings.shaping,
         shaping_beta=settings.shaping_beta,
         is_correction=settings.is_correction,
-        fresh_clip=fresh_clip,
+        fresh_clip=fresh_clip_on(settings.fresh_clip, mixed),
         clip_ratio_low=config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio,
         clip_ratio_high=config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio,
-        clip_ratio_c=config.get("clip_ratio_c", 3.0),
+        clip_ratio_c=config.get("clip_ratio_c", 3.0) if settings.dual_clip else None,
         loss_scale_factor=config.loss_scale_factor,
         dp_size=dp_size,
         global_token_count=batch_num_tokens,
         global_seq_count=global_batch_size,
         replay_ratio=replay_ratio,
         weight_terms=settings.weight_terms_by_ratio,
+        experience_group_mask=experience_group_mask,
         entropy=entropy if entropy_coeff != 0.0 else None,
         entropy_coeff=entropy_coeff,
+        entropy_agg_mode=entropy_agg_mode,
         metric_prefix=METRIC_PREFIX,
     )
     metrics = {}
@@ -118,4 +182,3 @@ def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, 
     for verl_name, ours in (("pg_clipfrac", "fresh_clip_frac"), ("ppo_kl", "fresh_ppo_kl")):
         metrics[verl_name] = Metric(value=raw_metrics[METRIC_PREFIX + ours], aggregation=AggregationType.MEAN)
     return loss, metrics
-

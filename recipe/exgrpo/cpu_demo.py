@@ -134,7 +134,6 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         f"exgrpo.delayed_start_threshold={run.delayed_start_threshold}",
         f"exgrpo.replay_ratio={run.replay_ratio}",
         f"exgrpo.seed={run.seed}",
-        "exgrpo.entropy_token_budget=4096",
     ]
     if run.resume_from_path:
         overrides.append(f"trainer.resume_from_path={run.resume_from_path}")

@@ -1,7 +1,7 @@
 """verl dataset for ExGRPO: verl's ``RLHFDataset`` plus a stable question id and the dataset row.
 
 The experience pool is keyed by a question id that must stay the same across epochs, restarts and
-machines (ALGORITHM.md §2). The preprocessing commands write it to ``extra_info.question_id``; for a
+machines (docs/algorithm.md §2). The preprocessing commands write it to ``extra_info.question_id``; for a
 parquet that lacks it, the id is the SHA-1 of the prompt messages, so it is still stable.
 The dataset row lets the trainer fetch a replayed question's prompt and reward metadata again, and
 lets leftover fresh prompts be checkpointed as row numbers.

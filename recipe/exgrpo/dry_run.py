@@ -14,7 +14,10 @@ every check that needs neither GPUs, Ray, a model nor the data:
 5. what verl only checks after Ray has started: the rollout and algorithm dataclasses, the custom reward function
    and dataset class can be loaded, ``reward_kwargs`` are parameters of the recipe's reward, the GPUs split into
    whole vLLM replicas, the dynamic-batch token budgets hold one full sequence, every interpolation resolves;
-6. with ``--check-paths``: the model directory and the data files exist.
+6. what verl skips with dynamic batch size on: a step's B x K responses and a mini-batch's responses split evenly
+   over the data-parallel ranks;
+7. with ``--check-paths``: the model directory and the data files exist, and the data's prompts suit the chat
+   template (the Llama-3.1-8B base prompt with the verbatim template, chat rows otherwise).
 
 All problems found are reported together, each naming its key. Exit status: 0 valid, 1 invalid, 2 bad usage.
 The launch scripts under ``scripts/train`` call this with ``DRY_RUN=1`` (see docs/launch_scripts.md).
@@ -424,6 +427,7 @@ def run_worker_checks(config: DictConfig) -> list[str]:
     seq_len = int(config.data.max_prompt_length) + int(config.data.max_response_length)
     actor = config.actor_rollout_ref.actor
     sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    problems += check_batch_split(config, n_gpus, sp)
     budgets = []
     if actor.use_dynamic_bsz:
         budgets.append(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", int(actor.ppo_max_token_len_per_gpu)))
@@ -444,6 +448,39 @@ def run_worker_checks(config: DictConfig) -> list[str]:
         )
 
     problems += _check_code_paths(config)
+    return problems
+
+
+def check_batch_split(config: DictConfig, n_gpus: int, sp: int) -> list[str]:
+    """Each step's B x K responses and each mini-batch's responses must split evenly over the data-parallel ranks.
+
+    verl's ``validate_config`` checks the first only without dynamic batch size (``use_dynamic_bsz=false``) and
+    never the second; with dynamic batch size on (the released setting) a GPU count that does not divide them
+    (``N_GPUS_PER_NODE=6``: 1024 responses over 6 ranks) passes start-up and fails at the first dispatch.
+    """
+    actor = config.actor_rollout_ref.actor
+    k = int(config.actor_rollout_ref.rollout.n)
+    batch, mini = int(config.data.train_batch_size), int(actor.ppo_mini_batch_size)
+    if n_gpus % sp:
+        return [
+            f"trainer.nnodes x trainer.n_gpus_per_node = {n_gpus} GPUs are not a multiple of "
+            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size = {sp}"
+        ]
+    dp = n_gpus // sp
+    gpus = f"{n_gpus} GPUs" + (f" / ulysses_sequence_parallel_size {sp}" if sp > 1 else "")
+    problems = []
+    for what, rows in (
+        (f"data.train_batch_size x actor_rollout_ref.rollout.n = {batch} x {k}", batch * k),
+        (f"actor_rollout_ref.actor.ppo_mini_batch_size x actor_rollout_ref.rollout.n = {mini} x {k}", mini * k),
+    ):
+        if rows % dp:
+            near = sorted((d for d in range(1, 4 * dp + 1) if rows % d == 0), key=lambda d: (abs(d - dp), d))[:3]
+            problems.append(
+                f"{what} = {rows} responses do not split evenly over {dp} data-parallel ranks "
+                f"(trainer.nnodes x trainer.n_gpus_per_node = {gpus}); verl does not check this with "
+                "use_dynamic_bsz=true and would fail at the first step. Use a data-parallel size that divides "
+                f"{rows} (the nearest: {', '.join(map(str, sorted(near)))})"
+            )
     return problems
 
 
@@ -504,7 +541,8 @@ def check_reward_kwargs(reward_kwargs: dict[str, Any]) -> list[str]:
 
 
 def check_paths(config: DictConfig) -> list[str]:
-    """The model directory and the data files exist (skips Hub ids and remote URLs)."""
+    """The model directory and the data files exist (skips Hub ids and remote URLs), and the data's prompts suit
+    the chat template (``check_prompt_style``)."""
     problems = []
     model = str(config.actor_rollout_ref.model.path)
     local_model = model.startswith(("/", ".", "~")) or os.path.exists(model)
@@ -519,7 +557,51 @@ def check_paths(config: DictConfig) -> list[str]:
                 continue
             if not os.path.isfile(os.path.expanduser(f)):
                 problems.append(f"{key}: {f} is not a file")
+            else:
+                problems += check_prompt_style(key, os.path.expanduser(f), config)
     return problems
+
+
+def _first_prompt(path: str) -> list[dict[str, Any]] | None:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        if "prompt" not in pf.schema_arrow.names or pf.metadata.num_rows == 0:
+            return None
+        value = pf.read_row_group(0, columns=["prompt"]).column("prompt")[0].as_py()
+    except Exception:  # not parquet, or unreadable: verl reports it with its own message
+        return None
+    return value if isinstance(value, list) else None
+
+
+def check_prompt_style(key: str, path: str, config: DictConfig) -> list[str]:
+    """The Llama-3.1-8B base run renders the data's messages verbatim (``custom_chat_template`` =
+    ``exgrpo.prompts.RAW_CHAT_TEMPLATE``): its files must hold the complete base-model prompt and no system
+    message (made with ``--prompt-style llama_base``); and such files under a real chat template would have
+    their "User: ... Answer:" text wrapped in chat markup. Either mismatch trains on other prompts than the
+    paper's, silently, so it stops the launch. Only the first row of each file is read."""
+    from exgrpo.prompts import RAW_CHAT_TEMPLATE
+
+    messages = _first_prompt(path)
+    if not messages:
+        return []
+    raw = OmegaConf.select(config, "actor_rollout_ref.model.custom_chat_template") == RAW_CHAT_TEMPLATE
+    roles = [m.get("role") for m in messages if isinstance(m, dict)]
+    content = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
+    llama_style = roles == ["user"] and content.startswith("User: ") and content.endswith("step by step.\n")
+    if raw and not llama_style:
+        return [
+            f"{key}: {path} holds chat prompts (roles {roles}), but actor_rollout_ref.model.custom_chat_template "
+            "renders the Llama-3.1-8B base prompt verbatim: make the file with --prompt-style llama_base "
+            "(PROMPT_STYLE=llama_base bash scripts/prepare_data.sh)"
+        ]
+    if llama_style and not raw:
+        return [
+            f"{key}: {path} holds Llama-3.1-8B base prompts (--prompt-style llama_base), but the model's chat "
+            "template would wrap them; use the default --prompt-style chat for this backbone"
+        ]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------------- driver

@@ -1,20 +1,25 @@
-"""``RayExGRPOTrainer``: verl's ``RayPPOTrainer`` with ExGRPO's experience replay (ALGORITHM.md).
+"""``RayExGRPOTrainer``: verl's ``RayPPOTrainer`` with ExGRPO's experience replay (docs/algorithm.md).
 
-One step (ARCHITECTURE.md "data flow"):
-fresh prompts (leftovers first, then the data loader; retired questions skipped) and replayed questions
-(sampler over the pool's buckets, after the delayed start) → entropy pass of the actor over the replayed
-questions' stored trajectories → selected trajectory per replayed question → generation batch with K samples
-per fresh prompt and K−1 per replayed prompt → replayed members appended to their groups (same uid and
-prompt, stored response ids, stored behaviour log-probs) and re-scored → old log-probs → group-relative
-advantages on the mixed groups → actor update with the mixed loss (installed once at start-up) →
-collection into the pool, retirement, delayed-start check → metrics → checkpoint (pool inside
-``global_step_N/exgrpo``).
+One step (docs/trainer.md has the details):
+1. replayed questions drawn from the pool's buckets (after the delayed start) with their candidate stored
+   trajectories; fresh prompts (leftovers first, then the data loader; retired questions skipped);
+2. generation: K samples per fresh prompt, K−1 per replayed prompt; then the rollout replicas sleep;
+3. ONE old-log-prob pass of the actor over the generated rows AND every candidate trajectory (each as a row
+   of its question's group: same uid and prompt, stored response ids and behaviour log-probs) — the per-token
+   entropies of the candidates select each replayed question's trajectory (the core's selector), whose row
+   becomes the replayed member with its old log-probs from this same pass; the other candidates are dropped.
+   Nothing runs on the actor while the rollout is awake (colocated GPU memory), and a step makes exactly as
+   many actor forward calls as a GRPO step;
+4. reward of the replayed members → group-relative advantages on the mixed groups → actor update with the
+   mixed loss (installed once at start-up) → collection into the pool, retirement, delayed-start check →
+   metrics → checkpoint (pool inside ``global_step_N/exgrpo``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections import deque
 from functools import partial
@@ -29,31 +34,35 @@ from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
-from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
-from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-from exgrpo.advantage import group_relative_advantages
-from exgrpo.experience.manager import ExperienceManager
+from exgrpo.advantage import group_relative_advantages, token_level_advantages
+from exgrpo.experience.manager import ExperienceManager, ReplayPlan
 from exgrpo.experience.pool import GroupMember
-from exgrpo.experience.selection import batch_by_token_budget
+from exgrpo.fresh_prompts import FreshPromptFilter
+from exgrpo.schedule import batch_pass_rate
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.mixed_batch import (
     BEHAVIOUR_LOG_PROBS_KEY,
+    CANDIDATE_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,
-    RATIO_KEY,
-    build_candidate_batch,
-    build_replay_members,
+    append_candidates,
+    candidate_token_stats,
     generation_counts,
+    keep_selected,
     mark_fresh,
+    mark_replay_groups,
+    selected_candidate_indices,
 )
 
 POOL_DIRNAME = "exgrpo"
 TRACE_FILE = "exgrpo_trace.jsonl"
+#: per row of the old-log-prob pass: its position before padding and balancing (-1 on padding rows)
+PASS_ROW_KEY = "exgrpo_pass_row"
 
 
 def replay_group_metrics(batch: DataProto) -> dict[str, float]:
@@ -69,8 +78,31 @@ def replay_group_metrics(batch: DataProto) -> dict[str, float]:
     }
 
 
+def prune_pools(checkpoint_dir: str, keep: int | None) -> list[str]:
+    """Remove the ``global_step_N/exgrpo`` pools of all but the newest ``keep`` checkpoints that hold one.
+
+    verl's retention (``trainer.max_actor_ckpt_to_keep``) deletes only the old ``global_step_N/actor`` folders;
+    the pools (up to a few GB each at the paper's scale) follow the same rule here. ``keep`` None or <= 0 keeps
+    every pool, as verl keeps every actor. Counted from the step numbers, not from which ``actor/`` folders
+    exist, so a driver that cannot see the workers' files never removes a pool it should keep.
+    """
+    if keep is None or int(keep) <= 0 or not os.path.isdir(checkpoint_dir):
+        return []
+    steps = []
+    for name in os.listdir(checkpoint_dir):
+        if name.startswith("global_step_") and name[len("global_step_") :].isdigit():
+            if os.path.isdir(os.path.join(checkpoint_dir, name, POOL_DIRNAME)):
+                steps.append(int(name[len("global_step_") :]))
+    removed = []
+    for step in sorted(steps)[: -int(keep)]:
+        path = os.path.join(checkpoint_dir, f"global_step_{step}", POOL_DIRNAME)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 def rollout_actor_agreement(batch: DataProto) -> dict[str, float]:
-    """How closely the rollout's sampling log-probs match the actor's recomputed old log-probs, on fresh rows.
+    """How closely the rollout's sampling log-probs match the actor's recomputed old log-probs, on generated rows.
 
     Both come from the same weights when the weight sync works, so the gap is numerical noise (|Δ| ~1e-6 on
     CPU float32); stale rollout weights show up as a gap of the size of one update. Replayed rows are left out:
@@ -119,17 +151,28 @@ class RayExGRPOTrainer(RayPPOTrainer):
         self.row_of_question = self.train_dataset.row_of()
         self.leftover_rows: deque[int] = deque()
         self.loader_epoch = 0
+        self.fresh_filter = FreshPromptFilter(immediate=self.exgrpo.retire_fresh_prompts)
         self._loader_iter = None
+        self.actor_log_prob_calls = 0  # actor compute_log_prob calls, logged per step
 
     # ------------------------------------------------------------------ start-up
     def init_workers(self):
         super().init_workers()
-        # Installed once: verl warns that swapping the loss per step is unreliable (VERL_ON_CPU.md).
+        # Installed once: verl warns that swapping the loss per step is unreliable (docs/cpu_backend.md).
         from verl.utils.config import omega_conf_to_dataclass
 
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=loss_settings_from_config(self.exgrpo))
         self.actor_rollout_wg.set_loss_fn(loss_fn)
+        # Count every actor forward call (the old-log-prob pass, and any other caller): a step must make as many
+        # as a GRPO step (logged as exgrpo/actor_log_prob_calls).
+        compute_log_prob = self.actor_rollout_wg.compute_log_prob
+
+        def counted_compute_log_prob(*args, **kwargs):
+            self.actor_log_prob_calls += 1
+            return compute_log_prob(*args, **kwargs)
+
+        self.actor_rollout_wg.compute_log_prob = counted_compute_log_prob
 
     # ------------------------------------------------------------------ trace
     def _trace(self, record: dict) -> None:
@@ -152,6 +195,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
             except StopIteration:
                 self._loader_iter = None
                 self.loader_epoch += 1
+                self.fresh_filter.on_epoch_boundary(
+                    len(self.train_dataset), self.questions_per_step, self.experience.retired
+                )
         raise RuntimeError("the training data loader yields no batch: is data.train_files empty after filtering?")
 
     def _take_fresh_rows(self, n: int, exclude: set[str], metrics: dict) -> list[int]:
@@ -161,7 +207,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         rows, deferred, skipped_retired = [], [], 0
         chosen: set[str] = set()
         qids = self.train_dataset.question_ids
-        retired = self.experience.retired if self.exgrpo.retire_fresh_prompts else ()
+        retired = self.experience.retired
         guard = 0
         while len(rows) < n:
             if not self.leftover_rows:
@@ -174,7 +220,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                     )
             row = self.leftover_rows.popleft()
             qid = qids[row]
-            if qid in retired:
+            if self.fresh_filter.skips(qid, retired):
                 skipped_retired += 1
             elif qid in exclude or qid in chosen:
                 deferred.append(row)  # replayed this step (or a duplicate draw): keep it for a later step
@@ -183,40 +229,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 chosen.add(qid)
         self.leftover_rows.extendleft(reversed(deferred))
         metrics["exgrpo/fresh_skipped_retired"] = skipped_retired
+        metrics["exgrpo/fresh_removed_retired"] = self.fresh_filter.num_removed(retired)
         metrics["exgrpo/leftover_prompts"] = len(self.leftover_rows)
         return rows
-
-    # ------------------------------------------------------------------ trajectory selection
-    def _score_candidates(
-        self, prompt_ids: list[np.ndarray], response_ids: list[np.ndarray]
-    ) -> dict[str, list[np.ndarray]]:
-        """Per-token entropies and log-probs of candidate trajectories under the current actor (temperature 1)."""
-        lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-        entropies: list = [None] * len(lengths)
-        log_probs: list = [None] * len(lengths)
-        # verl's forward splits a batch into dp ranks and (without dynamic batch size) fixed micro-batches:
-        # pad each chunk to a multiple of both (the padding rows are dropped below)
-        divisor = self._get_dp_size(self.actor_rollout_wg, "actor")
-        rollout_cfg = self.config.actor_rollout_ref.rollout
-        if not rollout_cfg.get("log_prob_use_dynamic_bsz", False):
-            divisor *= int(rollout_cfg.get("log_prob_micro_batch_size_per_gpu") or 1)
-        padded = not self.config.actor_rollout_ref.model.get("use_remove_padding", False)
-        for idx in batch_by_token_budget(lengths, self.exgrpo.entropy_token_budget, padded=padded):
-            cand = build_candidate_batch(
-                [prompt_ids[i] for i in idx], [response_ids[i] for i in idx], self.tokenizer.pad_token_id
-            )
-            cand, _ = pad_dataproto_to_divisor(cand, divisor)
-            td = left_right_2_no_padding(cand.to_tensordict())
-            tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False, temperature=1.0)
-            out = self.actor_rollout_wg.compute_log_prob(td)
-            ent = no_padding_2_padding(tu.get(out, "entropy"), td).float()
-            lp = no_padding_2_padding(tu.get(out, "log_probs"), td).float()
-            mask = cand.batch["response_mask"].bool()
-            for j, i in enumerate(idx):  # padding rows come after the real ones
-                m = mask[j]
-                entropies[i] = ent[j][m].numpy()
-                log_probs[i] = lp[j][m].numpy()
-        return {"entropy": entropies, "log_prob": log_probs}
 
     # ------------------------------------------------------------------ checkpoint
     def _save_checkpoint(self):
@@ -229,9 +244,13 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 "leftover_rows": list(self.leftover_rows),
                 "loader_epoch": self.loader_epoch,
                 "global_steps": self.global_steps,
+                "fresh_filter": self.fresh_filter.state_dict(),
             },
         )
         super()._save_checkpoint()
+        removed = prune_pools(self.config.trainer.default_local_dir, self.config.trainer.get("max_actor_ckpt_to_keep"))
+        if removed:
+            print(f"[exgrpo] removed the pools of older checkpoints (trainer.max_actor_ckpt_to_keep): {removed}")
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
@@ -261,6 +280,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         trainer_state = self.experience.load(pool_dir)
         self.leftover_rows = deque(int(r) for r in trainer_state.get("leftover_rows", []))
         self.loader_epoch = int(trainer_state.get("loader_epoch", 0))
+        self.fresh_filter.load_state_dict(trainer_state.get("fresh_filter"))
         print(
             f"[exgrpo] restored pool from {pool_dir}: {self.experience.summary()}; "
             f"{len(self.leftover_rows)} leftover prompts"
@@ -278,76 +298,145 @@ class RayExGRPOTrainer(RayPPOTrainer):
         return result
 
     # ------------------------------------------------------------------ one step
-    def _build_step_batch(self, metrics: dict, timing_raw: dict):
-        """Draw replayed and fresh questions, select trajectories; returns the prompt batch and selections."""
+    def _draw_questions(self, metrics: dict, timing_raw: dict) -> tuple[DataProto, int, ReplayPlan]:
+        """Replayed questions (with their candidate trajectories) and fresh prompts; returns the prompt batch
+        (fresh rows first, then one row per replayed question), the number of fresh rows and the replay plan."""
         b = self.questions_per_step
-        replay_qids: list[str] = []
+        plan = ReplayPlan([], [])
         if self.exgrpo.enable and self.experience.mixed:
             with marked_timer("exgrpo_sample", timing_raw):
-                replay_qids = self.experience.draw_replay(b, self.global_steps)
-        fresh_rows = self._take_fresh_rows(b - len(replay_qids), exclude=set(replay_qids), metrics=metrics)
-        selected = []
-        if replay_qids:
-            with marked_timer("exgrpo_select", timing_raw):
-                selected = self.experience.select(replay_qids, self._score_candidates)
-        self._trace(
-            {
-                "event": "step",
-                "step": self.global_steps,
-                "mixed": bool(self.experience.mixed),
-                "replay_question_ids": list(replay_qids),
-                "selected_entry_ids": [s.entry_id for s in selected],
-                "selected_scores": [s.score for s in selected],
-                "fresh_rows": list(fresh_rows),
-            }
-        )
-        rows = fresh_rows + [self.row_of_question[q] for q in replay_qids]
+                plan = self.experience.plan_replay(
+                    b, self.global_steps, max_response_length=int(self.config.data.max_response_length)
+                )
+        fresh_rows = self._take_fresh_rows(b - len(plan), exclude=set(plan.question_ids), metrics=metrics)
+        rows = fresh_rows + [self.row_of_question[q] for q in plan.question_ids]
         batch_dict = self.collate_fn([self.train_dataset[r] for r in rows])
         batch = DataProto.from_single_dict(batch_dict)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
-        return batch, len(fresh_rows), replay_qids, selected
+        self._step_trace = {
+            "event": "step",
+            "step": self.global_steps,
+            "mixed": bool(self.experience.mixed),
+            "replay_question_ids": list(plan.question_ids),
+            "fresh_rows": list(fresh_rows),
+            "selected_entry_ids": [],  # filled once the old-log-prob pass has selected them
+            "selected_scores": [],
+        }
+        return batch, len(fresh_rows), plan
 
-    def _append_replay_members(self, batch: DataProto, counts: np.ndarray, num_fresh: int, selected) -> DataProto:
-        """Append each replayed question's selected trajectory to its group and re-score it."""
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        template = batch.select_idxs(starts[num_fresh:])
-        replay = build_replay_members(
-            template,
-            [s.response_ids for s in selected],
-            [s.behaviour_log_probs for s in selected],
-            self.tokenizer.pad_token_id,
+    def _generate(self, batch: DataProto, counts: np.ndarray, timing_raw: dict) -> DataProto:
+        """``counts[i]`` samples of prompt i; the rollout replicas are asleep when this returns."""
+        gen_batch = self._get_gen_batch(batch)
+        # _get_gen_batch moves every non-reward key to the generation batch; keep ours on the batch too
+        for key in (QUESTION_ID_KEY, ROW_KEY):
+            batch.non_tensor_batch[key] = gen_batch.non_tensor_batch[key]
+        gen_batch.meta_info["global_steps"] = self.global_steps
+        gen_batch = gen_batch.sample_level_repeat(counts)
+        # verl's agent-loop manager splits the rows evenly across its workers: pad, then drop the padding
+        gen_batch, gen_pad = pad_dataproto_to_divisor(
+            gen_batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers)
         )
-        scored = self.reward_loop_manager.compute_rm_score(replay)
-        replay.batch["rm_scores"] = scored.batch["rm_scores"]
+        with marked_timer("gen", timing_raw, color="red"):
+            gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
+            self.checkpoint_manager.sleep_replicas()
+            timing_raw.update(gen_output.meta_info.pop("timing", {}))
+        gen_output = unpad_dataproto(gen_output, pad_size=gen_pad)
+        batch = batch.sample_level_repeat(counts).union(gen_output)
+        if "response_mask" not in batch.batch.keys():
+            batch.batch["response_mask"] = compute_response_mask(batch)
+        return batch
+
+    def _old_log_prob_pass(self, batch: DataProto, metrics: dict) -> DataProto:
+        """verl's old-log-prob pass (with per-token entropies) over every row of ``batch``, in one call.
+
+        The rows are padded to what verl's dispatch needs (the dp size, times the micro-batch size without
+        dynamic batch size) and balanced across dp ranks; the padding rows are dropped afterwards and the rows
+        come back in their original order.
+        """
+        n = len(batch)
+        batch.batch[PASS_ROW_KEY] = torch.arange(n, dtype=torch.int64)
+        divisor = self._get_dp_size(self.actor_rollout_wg, "actor")
+        rollout_cfg = self.config.actor_rollout_ref.rollout
+        if not rollout_cfg.get("log_prob_use_dynamic_bsz", False):
+            divisor *= int(rollout_cfg.get("log_prob_micro_batch_size_per_gpu") or 1)
+        batch, pad = pad_dataproto_to_divisor(batch, divisor)
+        if pad:
+            batch.batch[PASS_ROW_KEY][n:] = -1
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics=metrics, logging_prefix="exgrpo/old_log_prob_seqlen")
+        # the worker's MFU figure reads these (as in verl's own step)
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch.meta_info["images_seqlens"] = []
+        old_log_prob, mfu = self._compute_old_log_prob(batch)
+        metrics["perf/mfu/actor_infer"] = mfu
+        batch = batch.union(old_log_prob)
+        position = batch.batch[PASS_ROW_KEY]
+        real = torch.nonzero(position >= 0).flatten()
+        batch = batch.select_idxs(real[torch.argsort(position[real])])
+        batch.batch.pop(PASS_ROW_KEY)
+        return batch
+
+    def _score_and_select(
+        self, batch: DataProto, counts: np.ndarray, num_fresh: int, plan: ReplayPlan, metrics: dict, timing_raw: dict
+    ) -> DataProto:
+        """Old log-probs of the step and trajectory selection in ONE actor pass (module docstring, step 3).
+
+        Returns the step's rows: the generated ones, then one replayed member per replayed question (re-scored
+        by the reward function), all with their old log-probs; the unselected candidates are gone.
+        """
+        mark_fresh(batch)
+        if plan.question_ids:
+            batch = append_candidates(batch, counts, num_fresh, plan.candidates, self.tokenizer.pad_token_id)
+        with marked_timer("old_log_prob", timing_raw, color="blue"):
+            batch = self._old_log_prob_pass(batch, metrics)
+        if plan.question_ids:
+            with marked_timer("exgrpo_select", timing_raw):
+                stats = candidate_token_stats(batch) if plan.needs_scores else None
+                selected = self.experience.select(plan, stats)
+                batch = keep_selected(batch, selected_candidate_indices(plan.candidates, selected))
+            with marked_timer("exgrpo_replay_reward", timing_raw):
+                self._score_replayed_members(batch)
+            metrics.update(replay_group_metrics(batch))
+            metrics["exgrpo/old_log_prob_candidate_rows"] = float(plan.num_candidates)
+            self._step_trace["selected_entry_ids"] = [s.entry_id for s in selected]
+            self._step_trace["selected_scores"] = [s.score for s in selected]
+        else:
+            batch.batch.pop(CANDIDATE_KEY, None)
+        batch.batch.pop("entropys")
+        return batch
+
+    def _score_replayed_members(self, batch: DataProto) -> None:
+        """Reward of the replayed members, like any other member's (their rows carry zeroed ``rm_scores``)."""
+        rows = torch.nonzero(batch.batch[IS_REPLAY_KEY]).flatten()
+        scored = self.reward_loop_manager.compute_rm_score(batch.select_idxs(rows))
+        batch.batch["rm_scores"][rows] = scored.batch["rm_scores"].to(batch.batch["rm_scores"].dtype)
         for key, value in scored.non_tensor_batch.items():
-            replay.non_tensor_batch[key] = value
-        return DataProto.concat([batch, replay])
+            if key in batch.non_tensor_batch:
+                batch.non_tensor_batch[key][rows.numpy()] = value
+            else:  # a key only the replayed rows carry: fill the generated rows with None
+                column = np.full(len(batch), None, dtype=object)
+                column[rows.numpy()] = value
+                batch.non_tensor_batch[key] = column
 
     def _collect(self, batch: DataProto, metrics: dict) -> None:
-        """Collection (ALGORITHM.md §3): per group, the members' rewards, response ids and behaviour log-probs."""
+        """Collection (docs/algorithm.md §3): per group, the members' rewards, response ids and behaviour log-probs."""
         scores = batch.batch["token_level_scores"].sum(-1).numpy()
         responses = batch.batch["responses"].numpy()
         resp_mask = batch.batch["response_mask"].bool().numpy()
         old_lp = batch.batch["old_log_probs"].float().numpy()
-        prompts = batch.batch["prompts"].numpy()
-        prompt_mask = batch.batch["attention_mask"][:, : prompts.shape[1]].bool().numpy()
         is_replay = batch.batch[IS_REPLAY_KEY].numpy()
         behaviour = batch.batch[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
         qids = batch.non_tensor_batch[QUESTION_ID_KEY]
-        uids = batch.non_tensor_batch["uid"]
-        groups: dict[str, list[int]] = {}
-        for i, u in enumerate(uids):
-            groups.setdefault(u, []).append(i)
-        members_by_question = {}
-        for rows in groups.values():
-            qid = str(qids[rows[0]])
-            members = []
-            for i in rows:
-                m = resp_mask[i]
-                lp = behaviour[i][m] if is_replay[i] else old_lp[i][m]
-                members.append(GroupMember(responses[i][m], lp, float(scores[i]), bool(is_replay[i])))
-            members_by_question[qid] = (prompts[rows[0]][prompt_mask[rows[0]]], members)
+        # one group per question and step: a question is never both replayed and fresh, nor drawn twice
+        members_by_question: dict[str, list[GroupMember]] = {}
+        for i in range(len(batch)):
+            qid = str(qids[i])
+            m = resp_mask[i]
+            lp = behaviour[i][m] if is_replay[i] else old_lp[i][m]
+            members_by_question.setdefault(qid, []).append(
+                GroupMember(responses[i][m], lp, float(scores[i]), bool(is_replay[i]))
+            )
         metrics.update(self.experience.collect(self.global_steps, members_by_question))
 
     def fit(self):
@@ -377,50 +466,27 @@ class RayExGRPOTrainer(RayPPOTrainer):
             metrics: dict = {}
             timing_raw: dict = {}
             is_last_step = self.global_steps >= self.total_training_steps
+            calls_before = self.actor_log_prob_calls
             with marked_timer("step", timing_raw):
-                batch, num_fresh, replay_qids, selected = self._build_step_batch(metrics, timing_raw)
-                counts = generation_counts(num_fresh, len(replay_qids), self.k)
-                gen_batch = self._get_gen_batch(batch)
-                # _get_gen_batch moves every non-reward key to the generation batch; keep ours on the batch too
-                for key in (QUESTION_ID_KEY, ROW_KEY):
-                    batch.non_tensor_batch[key] = gen_batch.non_tensor_batch[key]
-                gen_batch.meta_info["global_steps"] = self.global_steps
-                gen_batch = gen_batch.sample_level_repeat(counts)
-                # verl's agent-loop manager splits the rows evenly across its workers: pad, then drop the padding
-                gen_batch, gen_pad = pad_dataproto_to_divisor(
-                    gen_batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers)
-                )
-                with marked_timer("gen", timing_raw, color="red"):
-                    gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
-                    self.checkpoint_manager.sleep_replicas()
-                    timing_raw.update(gen_output.meta_info.pop("timing", {}))
-                gen_output = unpad_dataproto(gen_output, pad_size=gen_pad)
-                batch = batch.sample_level_repeat(counts).union(gen_output)
-                if "response_mask" not in batch.batch.keys():
-                    batch.batch["response_mask"] = compute_response_mask(batch)
-                mark_fresh(batch)
-                if replay_qids:
-                    with marked_timer("exgrpo_replay_rows", timing_raw):
-                        batch = self._append_replay_members(batch, counts, num_fresh, selected)
-                    metrics.update(replay_group_metrics(batch))
+                batch, num_fresh, plan = self._draw_questions(metrics, timing_raw)
+                counts = generation_counts(num_fresh, len(plan), self.k)
+                batch = self._generate(batch, counts, timing_raw)
                 mixed = bool(self.exgrpo.enable and self.experience.mixed)
+                batch = self._score_and_select(batch, counts, num_fresh, plan, metrics, timing_raw)
+                metrics.update(rollout_actor_agreement(batch))
+                self._trace(self._step_trace)
                 n_rows = len(batch)
                 batch.batch[MIXED_KEY] = torch.full((n_rows,), mixed, dtype=torch.bool)
-                batch.batch[RATIO_KEY] = torch.full((n_rows,), len(replay_qids) / self.questions_per_step)
+                # rows of replay groups + this step's scheduled ρ: the Eq. 4 term weights (exgrpo.weight_terms_by_ratio)
+                mark_replay_groups(batch, self.experience.schedule.replay_ratio(self.global_steps) if mixed else 0.0)
 
-                if self.config.trainer.balance_batch:
+                if self.config.trainer.balance_batch:  # for the update (the pass balanced its own rows)
                     self._balance_batch(batch, metrics=metrics)
                 batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
                 batch.meta_info["images_seqlens"] = []
 
                 with marked_timer("reward", timing_raw, color="yellow"):
                     reward_tensor, reward_extra_infos = extract_reward(batch)
-                with marked_timer("old_log_prob", timing_raw, color="blue"):
-                    old_log_prob, mfu = self._compute_old_log_prob(batch)
-                    metrics["perf/mfu/actor_infer"] = mfu
-                    old_log_prob.batch.pop("entropys")
-                    batch = batch.union(old_log_prob)
-                    metrics.update(rollout_actor_agreement(batch))
 
                 with marked_timer("adv", timing_raw, color="brown"):
                     batch.batch["token_level_scores"] = reward_tensor
@@ -433,7 +499,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                         batch.non_tensor_batch["uid"],
                         norm_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
                     )
-                    adv_t = torch.as_tensor(adv, dtype=torch.float32).unsqueeze(-1) * batch.batch["response_mask"]
+                    adv_t = token_level_advantages(adv, batch.batch["response_mask"])
                     batch.batch["advantages"] = adv_t
                     batch.batch["returns"] = adv_t
 
@@ -444,7 +510,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 with marked_timer("exgrpo_collect", timing_raw):
                     if self.exgrpo.enable:
                         self._collect(batch, metrics)
-                    pass_rate = float((scores >= 1.0).sum()) / float(len(scores))
+                    pass_rate = batch_pass_rate(scores)
                     metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
                     self.experience.observe_pass_rate(pass_rate, self.global_steps)
                     self.experience.readd_retired(self.global_steps)
@@ -468,7 +534,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
 
             metrics.update(self.experience.metrics(self.global_steps))
             metrics["exgrpo/batch_pass_rate"] = pass_rate
-            metrics["exgrpo/replayed_questions"] = len(replay_qids)
+            metrics["exgrpo/actor_log_prob_calls"] = self.actor_log_prob_calls - calls_before
+            metrics["exgrpo/replayed_questions"] = len(plan)
             metrics["exgrpo/fresh_questions"] = num_fresh
             metrics["exgrpo/mixed"] = float(mixed)
             metrics["exgrpo/loader_epoch"] = self.loader_epoch

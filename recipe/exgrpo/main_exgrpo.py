@@ -38,10 +38,36 @@ def prepare_config(config) -> None:
             "trainer.use_v1=True: the ExGRPO recipe runs on verl's RayPPOTrainer; set trainer.use_v1=False "
             "(the default of config/exgrpo_trainer.yaml)"
         )
-    exgrpo_config_from_hydra(config)  # raises with the bad key named
+    exgrpo = exgrpo_config_from_hydra(config)  # raises with the bad key named
+    install_worker_env(config, exgrpo.skip_grad_norm_above)
     from recipe.exgrpo.cpu_guard import check_device_config
 
     check_device_config(config)
+
+
+def install_worker_env(config, skip_grad_norm_above: float | None) -> None:
+    """Put the engine hook of ``exgrpo.skip_grad_norm_above`` into the Ray job's ``runtime_env`` (every worker).
+
+    ``ray_kwargs.ray_init.runtime_env.env_vars`` reaches every Ray process of the job, on one node or many;
+    values the user set there are kept, except that our module is appended to ``VERL_USE_EXTERNAL_MODULES``.
+    """
+    from recipe.exgrpo.engines import EXTERNAL_MODULES_ENV, worker_env
+
+    env = worker_env(skip_grad_norm_above)
+    if not env:
+        return
+    with open_dict(config):
+        # (DictConfig.setdefault returns the detached default, so read and assign explicitly)
+        if config.ray_kwargs.ray_init.get("runtime_env") is None:
+            config.ray_kwargs.ray_init.runtime_env = {}
+        runtime_env = config.ray_kwargs.ray_init.runtime_env
+        if runtime_env.get("env_vars") is None:
+            runtime_env.env_vars = {}
+        user_modules = runtime_env.env_vars.get(EXTERNAL_MODULES_ENV)
+        if user_modules:
+            env.update(worker_env(skip_grad_norm_above, {EXTERNAL_MODULES_ENV: user_modules}))
+        for key, value in env.items():
+            runtime_env.env_vars[key] = value
 
 
 @ray.remote

@@ -1,14 +1,17 @@
-"""Building ExGRPO's mixed batches out of verl ``DataProto`` objects (ALGORITHM.md §5–6).
+"""Building ExGRPO's mixed batches out of verl ``DataProto`` objects (docs/algorithm.md §5–6).
 
 Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with hand-made ``DataProto``s.
 
 - ``generation_counts``: K rollouts per fresh question, K−1 per replayed one (nothing wasted on the stored
   trajectory, unlike the released code).
-- ``build_replay_members``: the replayed member of each replay group, made from a fresh member of the same
-  group (same uid, prompt tokens and reward metadata) with the stored response ids and behaviour log-probs.
-- ``build_candidate_batch``: the rows of the entropy pass (batched by
-  ``exgrpo.experience.selection.batch_by_token_budget``) that picks which stored
-  trajectory a replayed question contributes.
+- ``build_replay_members``: replayed-member rows of replay groups, made from a generated member of the same
+  group (same uid, prompt tokens and reward metadata) with stored response ids and behaviour log-probs.
+- ``append_candidates``: every candidate trajectory of every replayed question as such a row, appended to the
+  generated rows, so that ONE old-log-prob pass gives both the old log-probs of the step and the per-token
+  entropies that select the replayed trajectory (``candidate_token_stats``); ``keep_selected`` then drops the
+  candidates that were not selected.
+- ``mark_replay_groups``: flags the rows of every replay group (the experience term of paper Eq. 4) and
+  records the step's ρ, for ``exgrpo.weight_terms_by_ratio``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,19 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
+from exgrpo.advantage import experience_group_rows
+from exgrpo.experience.pool import Candidate
+from exgrpo.experience.selection import CandidateTokenStats, SelectedTrajectory
+
 IS_REPLAY_KEY = "exgrpo_is_replay"
+#: per row: -1 for a generated row, j for the j-th candidate trajectory (flattened over the replayed questions)
+CANDIDATE_KEY = "exgrpo_candidate"
 BEHAVIOUR_LOG_PROBS_KEY = "exgrpo_behaviour_log_probs"
 # per-row copies of step-wide values, so that every micro-batch of the actor update carries them
 MIXED_KEY = "exgrpo_mixed"
 RATIO_KEY = "exgrpo_replay_ratio"
+# the row's group (uid) holds a replayed member: the experience term of paper Eq. 4 (weight_terms_by_ratio)
+EXPERIENCE_GROUP_KEY = "exgrpo_experience_group"
 
 
 def generation_counts(num_fresh: int, num_replay: int, k: int) -> np.ndarray:
@@ -39,6 +50,23 @@ def mark_fresh(batch: DataProto) -> None:
     n, resp_len = batch.batch["responses"].shape
     batch.batch[IS_REPLAY_KEY] = torch.zeros(n, dtype=torch.bool)
     batch.batch[BEHAVIOUR_LOG_PROBS_KEY] = torch.zeros(n, resp_len, dtype=torch.float32)
+
+
+def mark_replay_groups(batch: DataProto, replay_ratio: float) -> None:
+    """Add the per-row fields of the explicit Eq. 4 term weights (``exgrpo.weight_terms_by_ratio``).
+
+    ``EXPERIENCE_GROUP_KEY``: True on every row whose group (same uid) holds a replayed member, i.e. the
+    replayed trajectory *and* its K−1 fresh siblings; ``RATIO_KEY``: ρ of this step (the scheduled ratio, 0
+    before mixed mode). Call it once the replayed members are appended; later row reordering (balance_batch)
+    keeps the flags aligned because they are per-row tensors.
+    """
+    if not 0.0 <= replay_ratio <= 1.0:
+        raise ValueError(f"replay_ratio must be in [0, 1], got {replay_ratio}")
+    n = len(batch)
+    is_replay = batch.batch[IS_REPLAY_KEY].bool().cpu().numpy()
+    rows = experience_group_rows(batch.non_tensor_batch["uid"], is_replay)
+    batch.batch[EXPERIENCE_GROUP_KEY] = torch.as_tensor(rows, dtype=torch.bool)
+    batch.batch[RATIO_KEY] = torch.full((n,), float(replay_ratio), dtype=torch.float32)
 
 
 def _right_pad(seqs: Sequence[np.ndarray], length: int, pad_value, dtype) -> torch.Tensor:
@@ -69,7 +97,7 @@ def build_replay_members(
     ``template`` holds one generated member of each replay group (after ``batch.union(gen_output)``): its
     prompt tokens, uid, data source, ground truth and every other per-row field are copied, then the response
     is replaced by the stored one. The reward (``rm_scores``) is zeroed here: the caller re-scores the replayed
-    members with the reward function like any other member (ALGORITHM.md §6).
+    members with the reward function like any other member (docs/algorithm.md §6).
     """
     n = len(template)
     if not (n == len(response_ids) == len(behaviour_log_probs)):
@@ -112,26 +140,88 @@ def build_replay_members(
     return out
 
 
-def build_candidate_batch(
-    prompt_ids: Sequence[np.ndarray], response_ids: Sequence[np.ndarray], pad_token_id: int
-) -> DataProto:
-    """Rows (left-padded prompt + right-padded response) whose per-token entropy the actor computes."""
-    if len(prompt_ids) != len(response_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} candidate responses")
-    p_len = max(1, max(len(p) for p in prompt_ids))
-    r_len = max(1, max(len(r) for r in response_ids))
-    prompts = _left_pad(prompt_ids, p_len, pad_token_id, torch.int64)
-    prompt_mask = _left_pad([np.ones(len(p), dtype=np.int64) for p in prompt_ids], p_len, 0, torch.int64)
-    responses = _right_pad(response_ids, r_len, pad_token_id, torch.int64)
-    response_mask = _right_pad([np.ones(len(r), dtype=np.int64) for r in response_ids], r_len, 0, torch.int64)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    batch = {
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": response_mask,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": compute_position_id_with_mask(attention_mask),
-    }
-    return DataProto.from_single_dict(batch)
+def group_starts(counts: np.ndarray) -> np.ndarray:
+    """Index of the first generated row of each prompt's group (rows are grouped: ``counts[i]`` rows each)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
+
+def append_candidates(
+    batch: DataProto,
+    counts: np.ndarray,
+    num_fresh: int,
+    candidates: Sequence[Sequence[Candidate]],
+    pad_token_id: int,
+) -> DataProto:
+    """The generated rows of the step followed by one row per candidate trajectory of each replayed question.
+
+    ``batch``: the generated rows after ``union`` with the prompt batch, grouped by prompt (``counts[i]`` rows for
+    prompt i: the ``num_fresh`` fresh prompts first, then the replayed ones, K−1 rows each). ``candidates[r]`` are
+    the candidates of the r-th replayed question. Each candidate row copies the first generated row of its
+    question's group (uid, prompt tokens, data source, ground truth) with the candidate's stored response and
+    behaviour log-probs (:func:`build_replay_members`), so the old-log-prob pass scores exactly the sequence the
+    actor will train on. ``CANDIDATE_KEY`` numbers the candidate rows 0..N-1 (-1 on generated rows).
+    """
+    if IS_REPLAY_KEY not in batch.batch.keys():
+        raise KeyError(f"append_candidates: the generated rows lack {IS_REPLAY_KEY!r}; call mark_fresh(batch) first")
+    replay_starts = group_starts(counts)[num_fresh:]
+    if len(replay_starts) != len(candidates):
+        raise ValueError(f"{len(candidates)} candidate lists for {len(replay_starts)} replayed questions")
+    n = len(batch)
+    batch.batch[CANDIDATE_KEY] = torch.full((n,), -1, dtype=torch.int64)
+    flat = [c for group in candidates for c in group]
+    if not flat:
+        return batch
+    template = batch.select_idxs([int(replay_starts[r]) for r, group in enumerate(candidates) for _ in group])
+    rows = build_replay_members(
+        template, [c.token_ids for c in flat], [c.behaviour_log_probs for c in flat], pad_token_id
+    )
+    rows.batch[CANDIDATE_KEY] = torch.arange(len(flat), dtype=torch.int64)
+    return DataProto.concat([batch, rows])
+
+
+def candidate_rows(batch: DataProto) -> torch.Tensor:
+    """Row indices of the candidate rows of ``batch``, in candidate order (0..N-1), wherever they are."""
+    cand = batch.batch[CANDIDATE_KEY]
+    rows = torch.nonzero(cand >= 0).flatten()
+    return rows[torch.argsort(cand[rows])]
+
+
+def candidate_token_stats(batch: DataProto, entropy_key: str = "entropys") -> CandidateTokenStats:
+    """Per-token entropies and old log-probs of the candidate rows (after the old-log-prob pass), in candidate
+    order: the input of the core's selection (:meth:`ExperienceManager.select`)."""
+    rows = candidate_rows(batch)
+    b = batch.batch
+    return CandidateTokenStats(
+        response_mask=b["response_mask"][rows],
+        entropy=b[entropy_key][rows],
+        log_prob=b["old_log_probs"][rows],
+    )
+
+
+def selected_candidate_indices(
+    candidates: Sequence[Sequence[Candidate]], selected: Sequence[SelectedTrajectory]
+) -> list[int]:
+    """Flat candidate index of each selected trajectory (``selected[r]`` is one of ``candidates[r]``)."""
+    if len(candidates) != len(selected):
+        raise ValueError(f"{len(selected)} selections for {len(candidates)} replayed questions")
+    out, offset = [], 0
+    for group, sel in zip(candidates, selected):
+        ids = [c.entry_id for c in group]
+        if sel.entry_id not in ids:
+            raise ValueError(f"selected entry {sel.entry_id} of question {sel.question_id!r} is not a candidate")
+        out.append(offset + ids.index(sel.entry_id))
+        offset += len(group)
+    return out
+
+
+def keep_selected(batch: DataProto, selected: Sequence[int]) -> DataProto:
+    """Drop the candidate rows that were not selected (``selected``: flat candidate indices) and the candidate
+    numbering; the generated rows and the kept candidates (now the replayed members) keep their order."""
+    cand = batch.batch[CANDIDATE_KEY]
+    keep = (cand < 0) | torch.isin(cand, torch.as_tensor(list(selected), dtype=torch.int64))
+    if int(keep.sum()) != int((cand < 0).sum()) + len(set(selected)):
+        raise ValueError(f"selected candidate indices {list(selected)} are not all candidate rows of the batch")
+    out = batch if bool(keep.all()) else batch.select_idxs(keep)
+    out.batch.pop(CANDIDATE_KEY)
+    return out

@@ -1,10 +1,10 @@
-"""verl 0.9.1 custom reward function of the ExGRPO recipe (ALGORITHM.md §10).
+"""verl 0.9.1 custom reward function of the ExGRPO recipe (docs/algorithm.md §10).
 
 Wiring (``main_exgrpo`` fills path/name when left null)::
 
     reward.custom_reward_function.path=pkg://recipe.exgrpo.reward   # or the file path of this module
     reward.custom_reward_function.name=compute_score
-    +reward.custom_reward_function.reward_kwargs.think_gate=false   # Llama base, toy arithmetic
+    +reward.custom_reward_function.reward_kwargs.think_gate=false   # Llama base
     +reward.custom_reward_function.reward_kwargs.timeout_s=10
 
 How verl calls it: ``verl.trainer.ppo.reward.get_custom_reward_fn`` wraps this function so that
@@ -76,13 +76,15 @@ def compute_score(
         data_source, solution_str, ground_truth, extra_info: as verl passes them (``extra_info`` is unused).
         think_gate: grade only the text after the last ``</think>``; 0 without one. Off for models without a
             think template (Llama base) and the toy arithmetic CPU task.
-        timeout_s: hard deadline in seconds for one math-verify check; null/<=0 disables it (in-thread grading).
+        timeout_s: hard deadline in seconds for the whole call (extraction, waiting for a grader process, the
+            math-verify check); null/<=0 disables it (in-thread grading).
         multiple_choice_sources: data_source names graded by option label (default: arc_c, gpqa, mmlu_pro, ...).
         max_workers: grading worker processes per reward actor (default ``EXGRPO_REWARD_WORKERS`` or min(4, CPUs)).
         kwargs: anything else verl passes (reward_router_address, ...) is ignored.
 
     Returns:
-        ``{"score", "acc", "pred", "think_closed", "reward_error", "reward_timeout"}``; see
+        ``{"score", "acc", "pred", "think_closed", "reward_error", "reward_timeout", "reward_queue_s"}``
+        (``reward_queue_s``: seconds this call waited for a free grader process); see
         ``exgrpo.reward.RewardResult.to_verl_dict``. A misconfigured reward_kwargs value raises at the first
         call, naming the key, rather than silently scoring 0.
     """

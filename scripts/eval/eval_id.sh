@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# In-distribution suite of the paper (ALGORITHM.md §12): AIME24, AIME25, AMC (avg@32), MATH-500, Minerva,
-# OlympiadBench (pass@1); T=0.6, top-p 1.0, 8192 new tokens; vLLM on GPUs. Resumable: rerun the same command
-# after an interruption and only the missing samples are generated.
+# In-distribution suite of the paper: AIME24, AIME25, AMC (avg@32), MATH-500, Minerva, OlympiadBench (pass@1);
+# T=0.6, top-p 1.0, 8192 new tokens; vLLM on GPUs, one engine replica per TP GPUs. Graded as the paper's final
+# evaluation (last \boxed{} after the first </think>; docs/evaluation.md). Resumable: rerun the same command after
+# an interruption and only the missing samples are generated.
 #
-#   MODEL_PATH=/path/to/hf_checkpoint bash scripts/eval/eval_id.sh [extra exgrpo.eval flags]
+#   MODEL_PATH=CKPT/global_step_N/merged_hf N_GPUS=8 bash scripts/eval/eval_id.sh [extra exgrpo.eval flags]
 #
 # Environment:
-#   MODEL_PATH   (required) Hugging Face checkpoint directory (e.g. .../global_step_500/actor/huggingface)
-#   DATA_DIR     benchmark parquets (default: ../shared/data/benchmarks next to the repo, else data/benchmarks)
-#   ID_FILE      the ID parquet inside DATA_DIR (default: test_id.parquet, which already repeats AIME/AMC 32x)
+#   MODEL_PATH   (required) Hugging Face model directory with weights; for a training checkpoint merge it first:
+#                python -m verl.model_merger merge --backend fsdp --local_dir CKPT/global_step_N/actor \
+#                  --target_dir CKPT/global_step_N/merged_hf
+#   DATA_DIR     benchmark parquets (default: data/benchmarks, written by bash scripts/prepare_data.sh)
+#   ID_FILE      the ID parquet inside DATA_DIR (default: test_id.parquet, which repeats AIME/AMC 32x)
 #   OUT_DIR      output directory (default: outputs/eval/<model name>/id)
-#   N_GPUS       GPUs for vLLM tensor parallelism (default: 1)
+#   N_GPUS       GPUs to use (default: 1); TP: tensor parallel size of each engine replica (default: 1);
+#                N_GPUS / TP replicas run side by side on their own GPUs
 #   BACKEND      vllm (default) or hf
-#   THINK_GATE   1 (default: think-template models trained with ExGRPO) or 0 (base / instruct models)
+#   TEMPLATE     chat (default: the model's own chat template, the dataset's system message dropped), plain, or
+#                llama_base (the paper's Llama-3.1-8B base prompt)
+#   GRADING      paper (default) or reward (the training reward's rule; THINK_GATE=1/0 then sets its gate)
 #   LABEL        row name in the table (default: from MODEL_PATH)
 #   REFERENCE    table1 (default), table5 or none: the paper's rows printed beside ours
+#   EVAL_CHECK_ONLY  1: only check that the data files exist (no model needed), then exit
 set -euo pipefail
 
 # shellcheck source=scripts/eval/common.sh
@@ -23,7 +30,6 @@ eval_require_model eval_id.sh
 DATA_DIR="$(eval_data_dir)"
 ID_FILE="${ID_FILE:-test_id.parquet}"
 if [[ ! -f "$DATA_DIR/$ID_FILE" ]]; then
-  echo "error: $DATA_DIR/$ID_FILE not found; set DATA_DIR (and ID_FILE) to the benchmark parquets" >&2
-  exit 2
+  eval_die "$DATA_DIR/$ID_FILE not found; write it with: bash scripts/prepare_data.sh (or set DATA_DIR / ID_FILE)"
 fi
 eval_run id "$DATA_DIR/$ID_FILE" -- "$@"

@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
-# Out-of-distribution suite of the paper (ALGORITHM.md §12): ARC-c, GPQA-Diamond, MMLU-Pro (pass@1);
-# T=0.6, top-p 1.0, 8192 new tokens; vLLM on GPUs. Resumable (rerun the same command).
+# Out-of-distribution suite of the paper: ARC-c, GPQA-Diamond, MMLU-Pro (pass@1); T=0.6, top-p 1.0, 8192 new
+# tokens; vLLM on GPUs, one engine replica per TP GPUs; graded as the paper's final evaluation. Resumable.
 #
-#   MODEL_PATH=/path/to/hf_checkpoint bash scripts/eval/eval_ood.sh [extra exgrpo.eval flags]
+#   MODEL_PATH=CKPT/global_step_N/merged_hf N_GPUS=8 bash scripts/eval/eval_ood.sh [extra exgrpo.eval flags]
 #
-# Environment:
-#   MODEL_PATH   (required) Hugging Face checkpoint directory
-#   DATA_DIR     benchmark parquets (default: ../shared/data/benchmarks next to the repo, else data/benchmarks)
-#   OOD_FILES    parquet names inside DATA_DIR (default: "arc_c.parquet gpqa_diamond.parquet mmlu_pro.parquet";
-#                missing ones are skipped with a warning — MMLU-Pro comes from data_preprocess, not the repo)
-#   OUT_DIR      output directory (default: outputs/eval/<model name>/ood)
-#   N_GPUS       GPUs for vLLM tensor parallelism (default: 1)
-#   BACKEND      vllm (default) or hf
-#   THINK_GATE   1 (default: think-template models) or 0 (base / instruct models)
-#   LABEL        row name in the table (default: from MODEL_PATH; use the same LABEL as eval_id.sh and then
+# Environment: as scripts/eval/eval_id.sh, and
+#   OOD_FILES    parquet names inside DATA_DIR (default: "arc_c.parquet gpqa_diamond.parquet mmlu_pro.parquet");
+#                missing ones are skipped with a warning and the OOD Avg is then marked partial (†)
+#   OOD_REQUIRE_ALL  1: a missing OOD file is an error (the reproduction scripts set it)
+#   LABEL        row name (default: from MODEL_PATH; the same LABEL as eval_id.sh, then
 #                `python -m exgrpo.eval report <id>/results.json <ood>/results.json` for one full row)
-#   REFERENCE    table1 (default), table5 or none
 set -euo pipefail
 
 # shellcheck source=scripts/eval/common.sh
@@ -26,10 +20,11 @@ read -r -a wanted <<< "${OOD_FILES:-arc_c.parquet gpqa_diamond.parquet mmlu_pro.
 files=()
 for f in "${wanted[@]}"; do
   if [[ -f "$DATA_DIR/$f" ]]; then files+=("$DATA_DIR/$f")
+  elif [[ "${OOD_REQUIRE_ALL:-0}" == 1 ]]; then
+    eval_die "$DATA_DIR/$f not found; write it with: bash scripts/prepare_data.sh (or set DATA_DIR / OOD_FILES)"
   else echo "[eval_ood] warning: $DATA_DIR/$f not found, skipped (the OOD Avg will be partial)" >&2; fi
 done
 if [[ ${#files[@]} -eq 0 ]]; then
-  echo "error: none of ${wanted[*]} found in DATA_DIR=$DATA_DIR" >&2
-  exit 2
+  eval_die "none of ${wanted[*]} found in DATA_DIR=$DATA_DIR; write them with: bash scripts/prepare_data.sh"
 fi
 eval_run ood "${files[@]}" -- "$@"

@@ -6,10 +6,13 @@
 #
 # Environment of every launch script:
 #   MODEL_PATH       (required) backbone: a local Hugging Face directory (or a Hub id)
-#   TRAIN_FILE       training parquet (python -m data_preprocess.openr1_math); default data/openr1/train.parquet
-#                    when it exists. A hydra list "[a.parquet,b.parquet]" is passed as it is.
-#   VAL_FILE         in-training validation parquet; default: the first valid_id.parquet found in
-#                    ../shared/data/benchmarks, data/valid, data/benchmarks (python -m data_preprocess.benchmarks)
+#   TRAIN_FILE       training parquet; default data/openr1/train.parquet (Llama-3.1-8B base:
+#                    data/openr1/train_llama_base.parquet) when it exists. A hydra list "[a.parquet,b.parquet]" is
+#                    passed as it is. bash scripts/prepare_data.sh writes every file at its default path.
+#   VAL_FILE         in-training validation parquet; default data/valid/valid_id.parquet (Llama-3.1-8B base:
+#                    data/valid_llama_base/valid_id.parquet) when it exists
+#   CKPT_KEEP        checkpoints kept (trainer.max_actor_ckpt_to_keep; default 2, as the release; "all" keeps
+#                    every one). A 7B checkpoint with its optimizer state is ~91 GB (docs/launch_scripts.md).
 #   CKPT_DIR         checkpoint root (default <repo>/checkpoints); a run writes $CKPT_DIR/$PROJECT_NAME/$EXPERIMENT_NAME
 #                    (on several nodes: a directory every node sees)
 #   PROJECT_NAME     (default exgrpo); EXPERIMENT_NAME (default: the script's own)
@@ -29,9 +32,13 @@
 EXGRPO_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 EXGRPO_TRAIN_DIR="$EXGRPO_REPO_ROOT/scripts/train"
 PYTHON="${PYTHON:-python}"
-# Released lengths (ALGORITHM.md §11); also used by the context-length check.
+# Released lengths (docs/algorithm.md §11); also used by the context-length check.
 EXGRPO_MAX_PROMPT_LENGTH=1024
 EXGRPO_MAX_RESPONSE_LENGTH=8192
+# The Llama-3.1-8B base prompt is complete in the data (data_preprocess --prompt-style llama_base): this chat
+# template renders it verbatim after the BOS token. Same string as exgrpo/prompts.py:RAW_CHAT_TEMPLATE (a test
+# checks it); double quotes only, as it travels inside a single-quoted hydra value.
+EXGRPO_RAW_CHAT_TEMPLATE='{{ bos_token }}{% for message in messages %}{{ message["content"] }}{% endfor %}'
 # Markers of DRY_RUN=print output (one block per launch; tests/integration/test_launch_scripts_dry_run.py reads them).
 EXGRPO_PRINT_BEGIN="# >>> python -m recipe.exgrpo.main_exgrpo"
 EXGRPO_PRINT_END="# <<<"
@@ -131,6 +138,17 @@ print(c.get("max_position_embeddings") or c.get("text_config", {}).get("max_posi
   fi
 }
 
+# The released Qwen2.5-Math backbones are "think" variants whose chat template ends the generation prompt with
+# "<think>\n"; with the stock template the model is not put inside a think block and the think gate scores
+# differently from the release. Warn only: a user may have a reason.
+exgrpo_check_think_template() {
+  [[ "${EXGRPO_EXPECT_THINK_TEMPLATE:-0}" == 1 && -f "$MODEL_PATH/tokenizer_config.json" ]] || return 0
+  if ! grep -q '<think>' "$MODEL_PATH/tokenizer_config.json" "$MODEL_PATH"/chat_template.* 2>/dev/null; then
+    exgrpo_log "warning: the chat template of $MODEL_PATH does not open a <think> block; the released backbone's" \
+      "template ends its generation prompt with '<|im_start|>assistant\n<think>\n' (docs/launch_scripts.md)"
+  fi
+}
+
 # A Ray cluster with fewer GPUs than the run asks for makes verl wait for its placement groups forever.
 exgrpo_check_ray_cluster() {
   [[ -n "${RAY_ADDRESS:-}" && "${CHECK_RAY:-1}" == 1 ]] || return 0
@@ -150,10 +168,11 @@ print(int(ray.cluster_resources().get("GPU", 0)))' 2>/dev/null | tail -n 1)" ||
 # --- the launch ------------------------------------------------------------------------------------------------
 
 # exgrpo_prepare --experiment NAME --steps N --rollout-tp TP --model-hint TEXT [--think-gate true|false]
-#                [--delayed-start TAU]
-# Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (ALGORITHM.md §11).
+#                [--delayed-start TAU] [--prompt-style chat|llama_base] [--think-template expected]
+# Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (docs/algorithm.md §11).
 exgrpo_prepare() {
-  local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35
+  local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35 style=chat
+  EXGRPO_EXPECT_THINK_TEMPLATE=0
   while (($#)); do
     case "$1" in
       --experiment) experiment="$2" ;;
@@ -162,10 +181,13 @@ exgrpo_prepare() {
       --model-hint) hint="$2" ;;
       --think-gate) think_gate="$2" ;;
       --delayed-start) tau="$2" ;;
+      --prompt-style) style="$2" ;;
+      --think-template) [[ "$2" == expected ]] && EXGRPO_EXPECT_THINK_TEMPLATE=1 ;;
       *) exgrpo_die "exgrpo_prepare: unknown option $1" ;;
     esac
     shift 2
   done
+  [[ "$style" == chat || "$style" == llama_base ]] || exgrpo_die "exgrpo_prepare: --prompt-style chat|llama_base"
   [[ -n "$experiment" && -n "$steps" && -n "$tp" ]] ||
     exgrpo_die "exgrpo_prepare needs --experiment, --steps and --rollout-tp"
 
@@ -176,6 +198,9 @@ exgrpo_prepare() {
   exgrpo_positive_int N_GPUS_PER_NODE
   exgrpo_positive_int NNODES
   exgrpo_positive_int ROLLOUT_TP
+  CKPT_KEEP="${CKPT_KEEP:-2}"
+  local keep="$CKPT_KEEP"
+  if [[ "$CKPT_KEEP" == all ]]; then keep=null; else exgrpo_positive_int CKPT_KEEP; fi
   if ((ROLLOUT_TP > N_GPUS_PER_NODE || N_GPUS_PER_NODE % ROLLOUT_TP)); then
     exgrpo_die "ROLLOUT_TP=$ROLLOUT_TP must divide N_GPUS_PER_NODE=$N_GPUS_PER_NODE (whole vLLM replicas per node)"
   fi
@@ -189,23 +214,20 @@ exgrpo_prepare() {
   fi
 
   exgrpo_require_var MODEL_PATH "$hint"
-  if [[ -z "${TRAIN_FILE:-}" && -f "$EXGRPO_REPO_ROOT/data/openr1/train.parquet" ]]; then
-    TRAIN_FILE="$EXGRPO_REPO_ROOT/data/openr1/train.parquet"
+  # The default data paths (bash scripts/prepare_data.sh writes them; PROMPT_STYLE=llama_base for Llama base).
+  local train_default=data/openr1/train.parquet val_default=data/valid/valid_id.parquet
+  if [[ "$style" == llama_base ]]; then
+    train_default=data/openr1/train_llama_base.parquet val_default=data/valid_llama_base/valid_id.parquet
   fi
-  exgrpo_require_var TRAIN_FILE "point it at the OpenR1-Math 46k parquet, made with: python -m \
-data_preprocess.openr1_math --output data/openr1/train.parquet --tokenizer \$MODEL_PATH"
-  if [[ -z "${VAL_FILE:-}" ]]; then
-    local candidate
-    for candidate in "$EXGRPO_REPO_ROOT/../shared/data/benchmarks/valid_id.parquet" \
-      "$EXGRPO_REPO_ROOT/data/valid/valid_id.parquet" "$EXGRPO_REPO_ROOT/data/benchmarks/valid_id.parquet"; do
-      if [[ -f "$candidate" ]]; then
-        VAL_FILE="$(exgrpo_abspath "$candidate")"
-        break
-      fi
-    done
+  if [[ -z "${TRAIN_FILE:-}" && -f "$EXGRPO_REPO_ROOT/$train_default" ]]; then
+    TRAIN_FILE="$EXGRPO_REPO_ROOT/$train_default"
   fi
-  exgrpo_require_var VAL_FILE "point it at the in-training validation parquet (valid_id.parquet, made with python -m \
-data_preprocess.benchmarks as docs/launch_scripts.md shows)"
+  local make="PROMPT_STYLE=$style bash scripts/prepare_data.sh (docs/launch_scripts.md)"
+  exgrpo_require_var TRAIN_FILE "point it at the OpenR1-Math 46k parquet (default $train_default), made with: $make"
+  if [[ -z "${VAL_FILE:-}" && -f "$EXGRPO_REPO_ROOT/$val_default" ]]; then
+    VAL_FILE="$EXGRPO_REPO_ROOT/$val_default"
+  fi
+  exgrpo_require_var VAL_FILE "point it at the in-training validation parquet (default $val_default), made with: $make"
   MODEL_PATH="$(exgrpo_abspath "$MODEL_PATH")"
   TRAIN_FILE="$(exgrpo_abspath "$TRAIN_FILE")"
   VAL_FILE="$(exgrpo_abspath "$VAL_FILE")"
@@ -224,7 +246,7 @@ data_preprocess.benchmarks as docs/launch_scripts.md shows)"
 
   # shellcheck disable=SC2016  # ${...} below are hydra interpolations, not shell expansions
   EXGRPO_ARGS=(
-    # Dr.GRPO-style GRPO: advantage = reward - group mean, no std division, no KL (ALGORITHM.md §1, §7)
+    # Dr.GRPO-style GRPO: advantage = reward - group mean, no std division, no KL (docs/algorithm.md §1, §7)
     algorithm.adv_estimator=grpo
     algorithm.norm_adv_by_std_in_grpo=false
     algorithm.use_kl_in_reward=false
@@ -241,7 +263,7 @@ data_preprocess.benchmarks as docs/launch_scripts.md shows)"
     actor_rollout_ref.model.enable_gradient_checkpointing=true
     actor_rollout_ref.model.use_remove_padding=true
     # actor: lr 1e-6, mini-batch 64 questions (2 updates per step), entropy bonus 0.001, no KL loss,
-    # dynamic batch size with 32768 tokens per GPU, token sums / L_max (ALGORITHM.md §8)
+    # dynamic batch size with 32768 tokens per GPU, token sums / L_max (docs/algorithm.md §8)
     actor_rollout_ref.actor.optim.lr=1e-6
     actor_rollout_ref.actor.ppo_mini_batch_size=64
     actor_rollout_ref.actor.entropy_coeff=0.001
@@ -262,17 +284,20 @@ data_preprocess.benchmarks as docs/launch_scripts.md shows)"
     actor_rollout_ref.rollout.val_kwargs.temperature=0.6
     actor_rollout_ref.rollout.val_kwargs.top_p=1.0
     actor_rollout_ref.rollout.val_kwargs.do_sample=true
-    # reward: math-verify after </think> (the think gate; off for models without a think template, §10)
+    # reward: math-verify on the text after </think>, 0 without it (the think gate): on for every backbone
+    # trained with the LUFFY system prompt, which asks for "<think> ... </think>" and then the boxed answer
+    # (instruct models included); off only for Llama-3.1-8B base, whose plain prompt has no think block (§10)
     "++reward.custom_reward_function.reward_kwargs.think_gate=$think_gate"
     # ExGRPO: rho = 0.5, tau = 0.35 (delayed start), beta = 0.1 (policy shaping); the rest are the yaml's defaults
     exgrpo.replay_ratio=0.5
     "exgrpo.delayed_start_threshold=$tau"
     exgrpo.shaping=policy_shaping
     exgrpo.shaping_beta=0.1
-    # trainer: steps, validation every 10, checkpoint every 50, GPUs and nodes
+    # trainer: steps, validation every 10, checkpoint every 50 (the last CKPT_KEEP kept), GPUs and nodes
     "trainer.total_training_steps=$steps"
     trainer.test_freq=10
     trainer.save_freq=50
+    "trainer.max_actor_ckpt_to_keep=$keep"
     "trainer.n_gpus_per_node=$N_GPUS_PER_NODE"
     "trainer.nnodes=$NNODES"
     "trainer.project_name=$(exgrpo_hydra_value "$PROJECT_NAME")"
@@ -280,6 +305,10 @@ data_preprocess.benchmarks as docs/launch_scripts.md shows)"
     "trainer.default_local_dir=$(exgrpo_hydra_value "$run_dir")"
     "hydra.run.dir=$(exgrpo_hydra_value "$run_dir/hydra/\${now:%Y-%m-%d_%H-%M-%S}")"
   )
+  if [[ "$style" == llama_base ]]; then
+    # the prompt text is complete in the data: render it verbatim (no chat template, no system prompt)
+    EXGRPO_ARGS+=("actor_rollout_ref.model.custom_chat_template=$(exgrpo_hydra_value "$EXGRPO_RAW_CHAT_TEMPLATE")")
+  fi
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
     EXGRPO_ARGS+=("++ray_kwargs.ray_init.address=$(exgrpo_hydra_value "$RAY_ADDRESS")")
   fi
@@ -308,6 +337,7 @@ exgrpo_launch() {
       ;;
     launch)
       exgrpo_check_context
+      exgrpo_check_think_template
       exgrpo_check_ray_cluster
       if [[ "${PREFLIGHT:-1}" == 1 ]]; then
         exgrpo_log "pre-flight: composing and validating the config (PREFLIGHT=0 skips this)"
@@ -332,6 +362,27 @@ exgrpo_run_or_show() {
     "$@"
   else
     exgrpo_log "dry run, would run: ${shown% }"
+  fi
+}
+
+# exgrpo_check_eval_data: the evaluation suites' data files exist (the eval scripts' own check, EVAL_CHECK_ONLY=1),
+# so that a reproduction does not stop after 700 training steps for a missing parquet. All three OOD files are
+# required (ALLOW_PARTIAL_EVAL=1: missing ones are skipped, the OOD Avg is then partial). A dry run only warns.
+exgrpo_check_eval_data() {
+  local suite ok=1 require=1
+  [[ "${ALLOW_PARTIAL_EVAL:-0}" == 1 ]] && require=0
+  for suite in id ood; do
+    if ! EVAL_CHECK_ONLY=1 OOD_REQUIRE_ALL="$require" bash "$EXGRPO_REPO_ROOT/scripts/eval/eval_$suite.sh"; then
+      ok=0
+    fi
+  done
+  if ((ok == 0)); then
+    if [[ "$EXGRPO_MODE" == launch ]]; then
+      exgrpo_die "the evaluation data is missing (above): write it with 'bash scripts/prepare_data.sh' (DATA_DIR" \
+        "to use another directory; ALLOW_PARTIAL_EVAL=1 to evaluate without missing OOD sets, STAGES=train to" \
+        "train only)"
+    fi
+    exgrpo_log "dry run: the evaluation data is missing (a launch would stop here, before training)"
   fi
 }
 
@@ -360,12 +411,14 @@ exgrpo_latest_hf() {
   printf '%s' "$target"
 }
 
-# exgrpo_reproduce REFERENCE OUT_DIR EVAL_GPUS RUN... [-- EXTRA_OVERRIDES...]
+# exgrpo_reproduce REFERENCE OUT_DIR RUN... [-- EXTRA_OVERRIDES...]
 #   RUN = "label|train-script|experiment|model-path-var" (an empty model-path-var means MODEL_PATH); the extra
-#   hydra overrides go to every training run. STAGES (default train,eval,table) picks the stages.
+#   hydra overrides go to every training run. STAGES (default train,eval,table) picks the stages. The evaluation
+#   runs on EVAL_N_GPUS GPUs (default N_GPUS_PER_NODE, 8), one vLLM replica per EVAL_TP GPUs (default 1).
 exgrpo_reproduce() {
-  local reference="$1" out_dir="$2" eval_gpus="$3" spec label script experiment model_var results=() specs=()
-  shift 3
+  local reference="$1" out_dir="$2" spec label script experiment model_var results=() specs=()
+  local eval_gpus="${EVAL_N_GPUS:-${N_GPUS_PER_NODE:-8}}" eval_tp="${EVAL_TP:-1}"
+  shift 2
   while (($#)) && [[ "$1" != -- ]]; do
     specs+=("$1")
     shift
@@ -376,6 +429,7 @@ exgrpo_reproduce() {
     [[ "$stage" =~ ^(train|eval|table)$ ]] || exgrpo_die "STAGES=$STAGES: the stages are train, eval and table"
   done
   exgrpo_resolve_ckpt_dir
+  if [[ "$stages" == *,eval,* ]]; then exgrpo_check_eval_data; fi
   for spec in "${specs[@]}"; do
     IFS='|' read -r label script experiment model_var <<<"$spec"
     model_var="${model_var:-MODEL_PATH}"
@@ -389,7 +443,8 @@ exgrpo_reproduce() {
       hf="$(exgrpo_latest_hf "$experiment")"
       for suite in id ood; do
         exgrpo_run_or_show env MODEL_PATH="$hf" LABEL="$label" OUT_DIR="$out_dir/eval/$experiment/$suite" \
-          N_GPUS="$eval_gpus" THINK_GATE="${EVAL_THINK_GATE:-1}" REFERENCE="$reference" PYTHON="$PYTHON" \
+          N_GPUS="$eval_gpus" TP="$eval_tp" GRADING="${EVAL_GRADING:-paper}" THINK_GATE="${EVAL_THINK_GATE:-1}" \
+          OOD_REQUIRE_ALL="$((1 - ${ALLOW_PARTIAL_EVAL:-0}))" REFERENCE="$reference" PYTHON="$PYTHON" \
           bash "$EXGRPO_REPO_ROOT/scripts/eval/eval_$suite.sh"
       done
     fi
@@ -413,6 +468,50 @@ exgrpo_ray() {
   PYTHONPATH="$EXGRPO_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" exgrpo_run_or_show "$PYTHON" -m ray.scripts.scripts "$@"
 }
 
+# exgrpo_ray_token_file: the token file Ray reads when RAY_AUTH_TOKEN is unset.
+exgrpo_ray_token_file() { echo "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"; }
+
+# exgrpo_ray_auth head|worker|client: Ray's token authentication, on unless RAY_AUTH_MODE says otherwise. Every node
+# and every driver must present the cluster's token (RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH, default
+# ~/.ray/auth_token); GCS and dashboard refuse the rest. The head creates the token file when there is none.
+exgrpo_ray_auth() {
+  local role="$1" file
+  file="$(exgrpo_ray_token_file)"
+  if [[ "$role" == client ]]; then
+    # ray status / ray.init(address=HOST:PORT) enable token mode only when told; tell them when a token is here.
+    if [[ -z "${RAY_AUTH_MODE:-}" && (-n "${RAY_AUTH_TOKEN:-}" || -s "$file") ]]; then export RAY_AUTH_MODE=token; fi
+    return 0
+  fi
+  export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+  if [[ "$RAY_AUTH_MODE" != token ]]; then
+    exgrpo_log "warning: RAY_AUTH_MODE=$RAY_AUTH_MODE: the Ray cluster will accept anyone who reaches its ports" \
+      "and run their code; unset it to keep token authentication on"
+    return 0
+  fi
+  [[ -n "${RAY_AUTH_TOKEN:-}" || -s "$file" ]] && return 0
+  if [[ "$role" == worker ]]; then
+    local msg="no Ray auth token on this node ($file is missing and RAY_AUTH_TOKEN is unset). The head node's"
+    msg+=" ray-head created its token file: put the same file here (a shared home directory, or scp it, chmod 600),"
+    msg+=" or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH; docs/launch_scripts.md"
+    [[ "$EXGRPO_MODE" == launch ]] || {
+      exgrpo_log "dry run: $msg"
+      return 0
+    }
+    exgrpo_die "$msg"
+  fi
+  if [[ "$EXGRPO_MODE" != launch ]]; then
+    exgrpo_log "dry run, would create the Ray auth token file $file"
+    return 0
+  fi
+  (umask 077 && mkdir -p "$(dirname "$file")" && "$PYTHON" -c '
+import os, secrets, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, secrets.token_hex(32).encode())
+os.close(fd)
+os.chmod(sys.argv[1], 0o600)' "$file") || exgrpo_die "could not create the Ray auth token file $file"
+  exgrpo_log "created the Ray auth token $file (mode 600): every worker node and driver needs this token"
+}
+
 exgrpo_ray_cli() {
   local cmd="${1:-help}"
   (($#)) && shift
@@ -420,16 +519,25 @@ exgrpo_ray_cli() {
   local port="${RAY_PORT:-6379}"
   case "$cmd" in
     ray-head)
-      exgrpo_ray start --head --port="$port" --num-gpus="$N_GPUS_PER_NODE" --dashboard-host=0.0.0.0 "$@"
+      # The dashboard serves Ray's Jobs API, which runs whatever code it is sent: loopback only unless asked.
+      local dashboard_host="${RAY_DASHBOARD_HOST:-127.0.0.1}"
+      if [[ "$dashboard_host" != 127.0.0.1 && "$dashboard_host" != localhost && "$dashboard_host" != ::1 ]]; then
+        exgrpo_log "warning: RAY_DASHBOARD_HOST=$dashboard_host: the dashboard and its Jobs API listen beyond this" \
+          "machine (they still require the token when RAY_AUTH_MODE=token); an SSH tunnel is safer"
+      fi
+      exgrpo_ray_auth head
+      exgrpo_ray start --head --port="$port" --num-gpus="$N_GPUS_PER_NODE" --dashboard-host="$dashboard_host" "$@"
       local ip
       ip="$(hostname -I 2>/dev/null | awk '{print $1}')"
-      exgrpo_log "head started. On every other node:  bash scripts/train/common.sh ray-worker ${ip:-HEAD_IP}:$port"
+      exgrpo_log "head started. On every other node (with the same token, see docs/launch_scripts.md):"
+      exgrpo_log "  bash scripts/train/common.sh ray-worker ${ip:-HEAD_IP}:$port"
       exgrpo_log "then here:  NNODES=<nodes> RAY_ADDRESS=auto bash scripts/train/<script>.sh"
       ;;
     ray-worker)
       (($#)) || exgrpo_die "usage: bash scripts/train/common.sh ray-worker HEAD_IP:PORT [ray start options]"
       local address="$1"
       shift
+      exgrpo_ray_auth worker
       exgrpo_ray start --address="$address" --num-gpus="$N_GPUS_PER_NODE" "$@"
       ;;
     ray-wait)
@@ -440,6 +548,7 @@ exgrpo_ray_cli() {
         exgrpo_log "dry run, would wait for $want GPUs"
         return 0
       fi
+      exgrpo_ray_auth client
       RAY_ADDRESS="${RAY_ADDRESS:-auto}" "$PYTHON" - "$want" "$timeout" <<'EOF' ||
 import os, sys, time
 import ray
@@ -457,12 +566,16 @@ while True:
 EOF
         exgrpo_die "the Ray cluster did not reach $want GPUs within ${timeout} s"
       ;;
-    ray-status) exgrpo_ray status "$@" ;;
+    ray-status)
+      exgrpo_ray_auth client
+      exgrpo_ray status "$@"
+      ;;
     ray-stop) exgrpo_ray stop "$@" ;;
     *)
       echo "usage: bash scripts/train/common.sh COMMAND" >&2
       echo "  ray-head | ray-worker HEAD_IP:PORT | ray-wait [N_GPUS] | ray-status | ray-stop" >&2
-      echo "  (N_GPUS_PER_NODE, NNODES, RAY_PORT, PYTHON, DRY_RUN as in the launch scripts; docs/launch_scripts.md)" >&2
+      echo "  (N_GPUS_PER_NODE, NNODES, RAY_PORT, PYTHON, DRY_RUN as in the launch scripts; RAY_DASHBOARD_HOST," >&2
+      echo "   RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH: docs/launch_scripts.md)" >&2
       [[ "$cmd" == help ]] || exit 2
       ;;
   esac

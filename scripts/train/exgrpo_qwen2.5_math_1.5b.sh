@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ExGRPO on Qwen2.5-Math-1.5B (paper Table 5, 35.3 ID avg). 500 steps, released hyperparameters (ALGORITHM.md §11).
+# ExGRPO on Qwen2.5-Math-1.5B (paper Table 5, 35.3 ID avg). 500 steps, released hyperparameters (docs/algorithm.md §11).
 # GPUs: 8 (NNODES x N_GPUS_PER_NODE); vLLM tensor parallel 1 (a 1.5B model fits one GPU: 8 replicas; OUR CHOICE,
 # set ROLLOUT_TP=2 for the 7B layout).
 #
@@ -11,6 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 exgrpo_prepare \
   --experiment exgrpo_qwen2.5_math_1.5b \
+  --think-template expected \
   --steps 500 \
   --rollout-tp 1 \
   --model-hint "point it at Qwen2.5-Math-1.5B with a context of at least 9216 tokens (the stock 4k model would \

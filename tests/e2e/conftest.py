@@ -37,15 +37,24 @@ def ray_temp_dir() -> Iterator[str]:
 
 @pytest.fixture
 def run_cpu_job(repo_root: Path) -> Callable[..., RunResult]:
-    """``run_cpu_job(args, env, timeout_s, log_path)``: run ``python <args>`` in its own session.
+    """``run_cpu_job(args, env, timeout_s, log_path, leftover_grace_s=5.0)``: run ``python <args>`` in its own
+    session.
 
     The whole session (driver, Ray's GCS/raylet/workers) is killed when the command ends or hits
-    ``timeout_s``, so a hung placement group cannot outlive the test.
+    ``timeout_s``, so a hung placement group cannot outlive the test. ``leftover_grace_s``: how long the session's
+    other processes may take to exit after the command did (``RunResult.leftover_pids`` are those still alive).
     """
 
-    def run(args: Sequence[str], env: Mapping[str, str], timeout_s: float, log_path: Path) -> RunResult:
+    def run(
+        args: Sequence[str], env: Mapping[str, str], timeout_s: float, log_path: Path, leftover_grace_s: float = 5.0
+    ) -> RunResult:
         return run_in_new_session(
-            [sys.executable, *args], env={**os.environ, **env}, timeout_s=timeout_s, log_path=log_path, cwd=repo_root
+            [sys.executable, *args],
+            env={**os.environ, **env},
+            timeout_s=timeout_s,
+            log_path=log_path,
+            cwd=repo_root,
+            leftover_grace_s=leftover_grace_s,
         )
 
     return run

@@ -1,5 +1,6 @@
 """ExGRPO through the real verl trainer on CPU (slow): replay reaches the loss, the pool grows, replay groups
-have K members, and a resumed run restores exactly what was saved and draws what an uninterrupted run draws."""
+have K members, a step with replay makes as many actor forward calls as one without (the candidates ride in the
+old-log-prob pass), and a resumed run restores exactly what was saved and draws what an uninterrupted run draws."""
 
 from __future__ import annotations
 
@@ -56,8 +57,11 @@ def test_replay_reaches_the_loss_and_groups_have_k_members(uninterrupted):
     assert max(m["exgrpo/pool/entries"] for m in steps) > 0, "the pool never grew"
     replay_steps = [m for m in steps if m.get("exgrpo/replayed_questions", 0) > 0]
     assert replay_steps, f"no step replayed anything: {[m.get('exgrpo/pool/entries') for m in steps]}"
+    # a GRPO step makes one actor compute_log_prob call (the old-log-prob pass); so must every ExGRPO step
+    assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1] * STEPS
     for m in replay_steps:
         assert m["actor/exgrpo/replayed_tokens"] > 0, "replayed rows did not reach the actor loss"
+        assert m["exgrpo/old_log_prob_candidate_rows"] >= m["exgrpo/replayed_questions"]
         assert m["exgrpo/replay_group_size_min"] == K and m["exgrpo/replay_group_size_max"] == K
         assert m["exgrpo/replayed_rows"] == m["exgrpo/replayed_questions"]
     for m in steps:

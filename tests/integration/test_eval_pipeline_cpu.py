@@ -189,7 +189,7 @@ def _check_outputs(results, paths, out: pathlib.Path, expected_benchmarks: set[s
     meta = json.loads(paths["json"].read_text())["metadata"]
     assert meta["model"] and meta["backend"] == "hf"
     assert meta["template"]["kind"] == "chat" and meta["template"]["chat_template_sha"]
-    assert meta["grader"]["think_gate"] is False and meta["grader"]["spec"]
+    assert meta["grader"]["grading"] == "paper" and meta["grader"]["think_gate"] is None and meta["grader"]["spec"]
     assert meta["sampling"]["max_new_tokens"] == MAX_NEW_TOKENS and meta["seed"] == 1
     assert meta["versions"]["transformers"] and "vllm" in meta["versions"]
     for b, m in results.benchmarks.items():
@@ -246,7 +246,7 @@ def test_pipeline_on_generated_data_resumes_without_regenerating(tiny_model, gen
 def test_pipeline_on_a_slice_of_the_real_benchmarks(tiny_model, shared_benchmarks, tmp_path):
     data = [shared_benchmarks / "test_id.parquet", shared_benchmarks / "gpqa_diamond.parquet"]
     out = tmp_path / "eval"
-    # The dataset's long system prompt is dropped (--no-system-prompt) to keep the prompts short on CPU.
+    # The dataset's system prompt is dropped by default (the paper's evaluation), which also keeps prompts short.
     cfg = _config(
         tiny_model,
         data,
@@ -254,7 +254,6 @@ def test_pipeline_on_a_slice_of_the_real_benchmarks(tiny_model, shared_benchmark
         batch_size=32,
         max_questions_per_source=1,
         think_gate=False,
-        prompt_format=PromptFormat(system_prompt=""),
     )
     results, paths = evaluate(cfg, grader=_grader(think_gate=False))
     assert results.metadata["template"]["system_prompt_mode"] == "none"
@@ -279,12 +278,15 @@ def test_command_line_run_and_report(tiny_model, generated_data, tmp_path):
     cmd += ["--reference", "table5", "--label", "tiny"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| **tiny (ours)** |" in proc.stdout and "| Llama3.1-8B base |" in proc.stdout
+    assert "| **tiny (ours) ‡** |" in proc.stdout and "| Llama3.1-8B base |" in proc.stdout
+    # a run off the protocol says how (8 new tokens, 2 samples per row)
+    assert "- tiny: 2 sample(s) per row" in proc.stdout and "max_new_tokens=8 (protocol: 8192)" in proc.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["benchmarks"]["gpqa"]["samples_per_question"] == 2
     assert results["metadata"]["grader"] == {
         "spec": "stubgrader:score",
-        "think_gate": False,
+        "grading": "paper",
+        "think_gate": None,
         "timeout_s": 10.0,
         "math_verify": results["metadata"]["versions"]["math-verify"],
     }
@@ -343,7 +345,7 @@ def test_known_answers_give_the_hand_computed_table(tiny_model, generated_data, 
 
 
 def _table_cells_from(markdown: str) -> list[str]:
-    line = next(ln for ln in markdown.splitlines() if "(ours)**" in ln)
+    line = next(ln for ln in markdown.splitlines() if ln.startswith("| **") and "(ours)" in ln)
     return [c.strip() for c in line.strip().strip("|").split("|")][1:]
 
 
@@ -359,8 +361,74 @@ def test_prompt_format_system_prompt_modes(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     msgs = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "Q?"}]
-    kept = PromptFormat().render(tok, msgs)
-    assert "SYS" in kept and kept.rstrip().endswith("assistant")
-    assert "SYS" not in PromptFormat(system_prompt="").render(tok, msgs)
+    dropped = PromptFormat().render(tok, msgs)  # the default: the dataset's system message is dropped
+    assert "SYS" not in dropped and dropped.rstrip().endswith("assistant")
+    assert dropped == tok.apply_chat_template([msgs[1]], tokenize=False, add_generation_prompt=True)
+    assert "SYS" in PromptFormat(system_prompt=None).render(tok, msgs)  # --keep-system-prompt
     assert "NEW" in PromptFormat(system_prompt="NEW").render(tok, msgs)
-    assert PromptFormat(template="plain").render(tok, msgs) == "SYS\n\nQ?\n"
+    assert PromptFormat(template="plain", system_prompt=None).render(tok, msgs) == "SYS\n\nQ?\n"
+    assert PromptFormat(template="llama_base").render(tok, msgs) == "User: Q? Answer: Let's think step by step.\n"
+
+
+# --- data parallel: replica processes ------------------------------------------------------------------------
+
+
+def test_replicas_split_the_work_and_resume_from_a_leftover_shard(tiny_model, generated_data, tmp_path, monkeypatch):
+    """Two HF replica processes on CPU: the same orchestration as vLLM replicas on GPUs (exgrpo.eval.parallel)."""
+    from exgrpo.eval.cli import _run_file
+    from exgrpo.eval.generate import generation_fingerprint
+    from exgrpo.eval.parallel import REPLICA_DIR, shard_path, shard_paths
+
+    data = [generated_data / "id_small.parquet", generated_data / "gpqa_small.parquet"]
+    cfg = _config(tiny_model, data, tmp_path / "dp", batch_size=8, data_parallel_size=2)
+    # an earlier run was interrupted after one replica wrote one sample of AIME row 1
+    id_gen = cfg.generation_path(str(data[0]))
+    id_gen.parent.mkdir(parents=True)
+    leftover = {"row": 1, "sample": 0, "data_source": "aime", "benchmark": "aime", "question_id": "x"}
+    shard_path(id_gen, 0).write_text(json.dumps({**leftover, "response": "LEFTOVER"}) + "\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+
+    generated = generate(cfg)
+    # the plan: 4 AIME rows x 8 (avg@32) + 3 MATH + 2 GPQA = 37 samples, one of them already there
+    assert generated == {str(data[0]): 34, str(data[1]): 2}
+    records = read_generations(id_gen)
+    assert len(records) == 35 and len(read_generations(cfg.generation_path(str(data[1])))) == 2
+    assert records[(1, 0)]["response"] == "LEFTOVER"  # merged, not generated again
+    assert shard_paths(id_gen) == []
+    status = [json.loads(p.read_text()) for p in sorted((cfg.out / REPLICA_DIR).glob("replica*.status.json"))]
+    assert [s["cuda_visible_devices"] for s in status] == ["5", "7"]  # one slice of the visible GPUs each
+    assert sum(n for s in status for n in s["generated"].values()) == 36
+    assert all(sum(s["generated"].values()) > 0 for s in status)
+    meta = json.loads(_run_file(cfg).read_text())["metadata"]
+    assert meta["data_parallel_size"] == 2 and meta["template"]["chat_template_sha"]
+    # same settings as the one-engine path: its store opens the merged file without complaint
+    fp = generation_fingerprint(
+        model=cfg.model, backend="hf", data=str(data[0]), prompt_format=cfg.prompt_format, sampling=cfg.sampling
+    )
+    assert json.loads(id_gen.with_name(id_gen.name + ".meta.json").read_text()) == json.loads(json.dumps(fp))
+    assert generate(cfg) == {str(data[0]): 0, str(data[1]): 0}  # nothing left: no replica starts
+
+
+def test_a_failed_replica_is_reported_with_its_log(tiny_model, generated_data, tmp_path):
+    import shutil
+
+    from exgrpo.eval.parallel import ReplicaError
+
+    broken = tmp_path / "bad_weights"
+    shutil.copytree(tiny_model, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    cfg = _config(broken, [generated_data / "gpqa_small.parquet"], tmp_path / "dp", data_parallel_size=2)
+    with pytest.raises(ReplicaError, match=r"(?s)2 of 2 replicas failed.*replica0\.log.*Error"):
+        generate(cfg)
+
+
+def test_a_checkpoint_folder_without_weights_gets_the_merge_command(generated_data, tmp_path):
+    hf = tmp_path / "exp" / "global_step_50" / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    cfg = _config(hf, [generated_data / "gpqa_small.parquet"], tmp_path / "out")
+    with pytest.raises(FileNotFoundError) as err:
+        generate(cfg)
+    actor = hf.parent
+    assert f"--local_dir {actor} --target_dir {actor.parent}/merged_hf" in str(err.value)

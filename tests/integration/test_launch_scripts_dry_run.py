@@ -38,7 +38,7 @@ BACKBONES = (
     "llama3.1_8b_instruct",
     "luffy_continual",
 )
-#: PAPER_RESULTS.md Table 6, one preset per row: the exgrpo keys each preset changes, relative to the 7B run.
+#: The paper's Table 6, one preset per row: the exgrpo keys each preset changes, relative to the 7B run.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "on_policy": {"enable": False},
     "wo_question_selection": {"weighting": "uniform"},
@@ -74,6 +74,15 @@ CLEARED_ENV = (
     "OUT_DIR",
     "LUFFY_MODEL_PATH",
     "VERL_PLATFORM",
+    "CKPT_KEEP",
+    "CHECK_CONTEXT",
+    "DATA_DIR",
+    "ALLOW_PARTIAL_EVAL",
+    "PROMPT_STYLE",
+    "EVAL_N_GPUS",
+    "EVAL_TP",
+    "EVAL_GRADING",
+    "EVAL_CHECK_ONLY",
 )
 
 
@@ -207,7 +216,7 @@ def test_every_script_dry_runs(script, launches):
 
 # ------------------------------------------------------------------------------------ released settings
 def test_released_hyperparameters_of_the_7b_run(reports):
-    """ALGORITHM.md §11, key by key, in the composed config of scripts/train/exgrpo_qwen2.5_math_7b.sh."""
+    """docs/algorithm.md §11, key by key, in the composed config of scripts/train/exgrpo_qwen2.5_math_7b.sh."""
     r = reports["train/exgrpo_qwen2.5_math_7b.sh"]
     c, x = r.config, r.exgrpo
     actor, rollout = c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout
@@ -238,7 +247,7 @@ def test_backbone_settings(backbone, reports):
     r = reports[f"train/exgrpo_{backbone}.sh"]
     assert r.config.trainer.total_training_steps == (700 if backbone == "qwen2.5_math_7b" else 500)
     llama_base = backbone == "llama3.1_8b"
-    # Llama-3.1-8B base: no delayed start (mixed from step 1) and no think gate (ALGORITHM.md §9-10)
+    # Llama-3.1-8B base: no delayed start (mixed from step 1) and no think gate (docs/algorithm.md §9-10)
     assert r.exgrpo.delayed_start_threshold == (-1 if llama_base else 0.35)
     assert r.config.reward.custom_reward_function.reward_kwargs.think_gate is (not llama_base)
     assert str(r.config.trainer.experiment_name) == f"exgrpo_{backbone}"
@@ -474,5 +483,205 @@ def test_ray_helpers_print_their_commands():
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_scripts_are_shellcheck_clean():
     scripts = [str(p) for p in all_scripts()] + [str(TRAIN_DIR / "common.sh")]
+    scripts += [str(p) for p in sorted((REPO / "scripts").glob("*.sh"))]  # prepare_data.sh, install_gpu.sh, ...
+    scripts += [str(p) for p in sorted((REPO / "scripts" / "eval").glob("*.sh"))]
     proc = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout
+
+
+# -------------------------------------------------------------------- checkpoints kept
+def test_every_training_launch_keeps_the_last_two_checkpoints(launches):
+    for name, runs in launches.items():
+        for overrides in runs:
+            assert compose(overrides).config.trainer.max_actor_ckpt_to_keep == 2, name  # the release keeps 2
+
+
+@pytest.mark.parametrize(("keep", "expected"), [("5", 5), ("all", None)])
+def test_ckpt_keep_overrides_the_number_kept(keep, expected):
+    (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", CKPT_KEEP=keep)
+    assert compose(overrides).config.trainer.max_actor_ckpt_to_keep == expected
+    (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", "trainer.max_actor_ckpt_to_keep=null")
+    assert compose(overrides).config.trainer.max_actor_ckpt_to_keep is None  # a hydra override wins as well
+
+
+def test_a_bad_ckpt_keep_is_refused(tmp_path):
+    env = script_env(tmp_path, DRY_RUN="print", CKPT_KEEP="0")
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=env)
+    assert proc.returncode == 2 and "CKPT_KEEP must be a positive integer" in proc.stderr
+
+
+# ---------------------------------------------------------------- Table 6 RePO row
+def test_every_table_6_row_has_a_preset_or_says_why_not():
+    """docs/launch_scripts.md's Table 6 list: each row names an existing preset, or says why it cannot be one."""
+    doc = (REPO / "docs" / "launch_scripts.md").read_text(encoding="utf-8")
+    section = doc.split("### Table 6 ablation presets")[1].split("\n## ")[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| Table 6 row")]
+    presets = [ln.split("|")[2].strip().strip("`") for ln in rows]
+    assert len(rows) == len(ABLATIONS) + 2  # the 13 presets, the ExGRPO run itself and the RePO-setting row
+    for preset in presets:
+        if preset.startswith("no preset"):
+            continue
+        assert (ABLATION_DIR / preset).resolve().is_file(), preset
+    repo_row = next(ln for ln in rows if "RePO" in ln)
+    assert "no preset" in repo_row and "#the-repo-setting-row" in repo_row
+    assert "### The RePO-setting row" in doc
+
+
+# ------------------------------------------------------------ batch split over the GPUs
+def test_a_gpu_count_that_does_not_split_the_batch_fails_the_dry_run():
+    (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", N_GPUS_PER_NODE="6")
+    with pytest.raises(DryRunError) as err:
+        compose(overrides)  # 6 is a multiple of the vLLM TP 2, so only the batch split catches it
+    text = str(err.value)
+    assert "128 x 8 = 1024 responses do not split evenly over 6 data-parallel ranks" in text
+    assert "64 x 8 = 512 responses" in text and "use_dynamic_bsz=true" in text
+    for gpus in ("4", "2"):  # these divide both
+        (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", N_GPUS_PER_NODE=gpus)
+        assert compose(overrides).config.trainer.n_gpus_per_node == int(gpus)
+    (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_1.5b.sh", N_GPUS_PER_NODE="3", NNODES="1")
+    with pytest.raises(DryRunError, match="over 3 data-parallel ranks"):
+        compose(overrides)
+
+
+def test_dry_run_mode_fails_on_six_gpus(tmp_path):
+    env = script_env(tmp_path, DRY_RUN="1", N_GPUS_PER_NODE="6")
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=env)
+    assert proc.returncode == 1 and "do not split evenly over 6 data-parallel ranks" in proc.stderr
+
+
+# --------------------------------------------------------------------------- prompts
+def test_the_llama_base_run_renders_the_base_prompt_verbatim(reports):
+    from exgrpo.prompts import RAW_CHAT_TEMPLATE
+
+    base = reports["train/exgrpo_llama3.1_8b.sh"].config
+    assert base.actor_rollout_ref.model.custom_chat_template == RAW_CHAT_TEMPLATE  # the same string in bash
+    assert reports["train/onpolicy_llama3.1_8b.sh"].config.actor_rollout_ref.model.custom_chat_template == (
+        RAW_CHAT_TEMPLATE
+    )
+    for backbone in BACKBONES:
+        if backbone != "llama3.1_8b":  # every other backbone: its own chat template
+            assert reports[f"train/exgrpo_{backbone}.sh"].config.actor_rollout_ref.model.custom_chat_template is None
+
+
+def test_the_think_gate_is_on_for_the_instruct_models_and_says_why():
+    for backbone in ("qwen2.5_7b_instruct", "llama3.1_8b_instruct"):
+        text = (TRAIN_DIR / f"exgrpo_{backbone}.sh").read_text(encoding="utf-8")
+        assert "--think-gate true" in text and "the think gate stays on" in text
+    common = (TRAIN_DIR / "common.sh").read_text(encoding="utf-8")
+    assert "(instruct models included); off only for Llama-3.1-8B base" in common
+
+
+def test_the_llama_base_run_defaults_to_its_own_data_files(tmp_path):
+    proc = run_script(TRAIN_DIR / "exgrpo_llama3.1_8b.sh", env=script_env(tmp_path, MODEL_PATH=str(tmp_path)))
+    assert proc.returncode == 2  # no data written: the launch stops and says which file and how to make it
+    assert "data/openr1/train_llama_base.parquet" in proc.stderr and "PROMPT_STYLE=llama_base" in proc.stderr
+
+
+def _prompt_file(path: Path, messages: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"data_source": "x", "prompt": messages, "reward_model": {"ground_truth": "1", "style": "rule"}}
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    return path
+
+
+def test_the_preflight_refuses_data_of_the_other_prompt_style(tmp_path):
+    from exgrpo.prompts import llama_base_prompt
+
+    model = tmp_path / "model"
+    model.mkdir()
+    chat_messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    chat = _prompt_file(tmp_path / "chat.parquet", chat_messages)
+    base = _prompt_file(tmp_path / "base.parquet", [{"role": "user", "content": llama_base_prompt("Q")}])
+    llama, qwen = TRAIN_DIR / "exgrpo_llama3.1_8b.sh", TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh"
+    (overrides,) = printed_launches(llama, MODEL_PATH=str(model), TRAIN_FILE=str(chat), VAL_FILE=str(base))
+    with pytest.raises(DryRunError) as err:
+        dry_run(overrides, check_files=True)
+    assert f"data.train_files: {chat} holds chat prompts" in str(err.value) and "val_files" not in str(err.value)
+    (overrides,) = printed_launches(llama, MODEL_PATH=str(model), TRAIN_FILE=str(base), VAL_FILE=str(base))
+    dry_run(overrides, check_files=True)  # the right files pass
+    (overrides,) = printed_launches(qwen, MODEL_PATH=str(model), TRAIN_FILE=str(base), VAL_FILE=str(chat))
+    with pytest.raises(DryRunError, match="holds Llama-3.1-8B base prompts"):
+        dry_run(overrides, check_files=True)
+
+
+def test_a_launch_warns_when_the_think_template_is_missing(tmp_path):
+    shim, _ = _recording_python(tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text('{"chat_template": "<|im_start|>assistant\\n"}', encoding="utf-8")
+    (tmp_path / "t.parquet").touch()
+    data = str(tmp_path / "t.parquet")
+    # (the context check reads config.json with the real Python; the shim only records)
+    env = script_env(tmp_path, MODEL_PATH=str(model), TRAIN_FILE=data, VAL_FILE=data, PYTHON=str(shim))
+    env["CHECK_CONTEXT"] = "0"
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=env)
+    assert proc.returncode == 0 and "does not open a <think> block" in proc.stderr
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_7b_instruct.sh", env=env)  # instruct templates have none
+    assert proc.returncode == 0 and "<think> block" not in proc.stderr
+    (model / "tokenizer_config.json").write_text('{"chat_template": "assistant\\n<think>\\n"}', encoding="utf-8")
+    proc = run_script(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", env=env)
+    assert proc.returncode == 0 and "<think> block" not in proc.stderr
+
+
+# ------------------------------------------------------------------- data paths
+def test_the_default_data_paths_are_the_ones_prepare_data_writes(tmp_path):
+    proc = run_script(REPO / "scripts" / "prepare_data.sh", env=script_env(tmp_path, DRY_RUN="1"))
+    assert proc.returncode == 0, proc.stderr
+    commands = proc.stderr
+    for path in ("data/openr1/train.parquet", "--output-dir data/valid", "--combined valid_id.parquet"):
+        assert path in commands
+    assert "--output-dir data/benchmarks" in commands and "--combined test_id.parquet" in commands
+    assert "arc_c,gpqa_diamond,mmlu_pro" in commands
+    common = (TRAIN_DIR / "common.sh").read_text(encoding="utf-8")
+    assert "val_default=data/valid/valid_id.parquet" in common and "train_default=data/openr1/train.parquet" in common
+    assert 'DATA_DIR:-$REPO_ROOT/data/benchmarks' in (REPO / "scripts" / "eval" / "common.sh").read_text()
+    env = script_env(tmp_path, DRY_RUN="1", PROMPT_STYLE="llama_base")
+    base = run_script(REPO / "scripts" / "prepare_data.sh", env=env)
+    assert "data/openr1/train_llama_base.parquet --prompt-style llama_base" in base.stderr
+    assert "--output-dir data/valid_llama_base" in base.stderr
+
+
+def _eval_data(directory: Path, ood: tuple[str, ...] = ("arc_c", "gpqa_diamond", "mmlu_pro")) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("test_id", *ood):
+        (directory / f"{name}.parquet").touch()
+    return directory
+
+
+def test_a_reproduction_checks_the_evaluation_data_before_training(tmp_path):
+    shim, log = _recording_python(tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "t.parquet").touch()
+    env = script_env(tmp_path, MODEL_PATH=str(model), TRAIN_FILE=str(tmp_path / "t.parquet"))
+    env.update(VAL_FILE=str(tmp_path / "t.parquet"), PYTHON=str(shim), DATA_DIR=str(tmp_path / "no_data"))
+    proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env=env)
+    assert proc.returncode == 2 and "the evaluation data is missing" in proc.stderr
+    assert "test_id.parquet not found" in proc.stderr and "prepare_data.sh" in proc.stderr
+    assert not log.exists()  # nothing was launched
+
+    env["DATA_DIR"] = str(_eval_data(tmp_path / "partial", ood=("arc_c", "gpqa_diamond")))
+    proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env=env)
+    assert proc.returncode == 2 and "mmlu_pro.parquet not found" in proc.stderr and not log.exists()
+    proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env={**env, "ALLOW_PARTIAL_EVAL": "1"})
+    assert "evaluation data is missing" not in proc.stderr and log.exists()  # training started
+
+    log.unlink()
+    env["DATA_DIR"] = str(_eval_data(tmp_path / "full"))
+    proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env=env)
+    assert "evaluation data is missing" not in proc.stderr
+    calls = [line.split("\0")[:-1] for line in log.read_text(encoding="utf-8").splitlines()]
+    assert calls[1][:2] == ["-m", "recipe.exgrpo.main_exgrpo"]  # training started (the shim trains nothing, so the
+    assert "no checkpoint in" in proc.stderr  # eval stage then stops at the missing checkpoint, after training)
+
+
+def test_eval_scripts_refuse_a_checkpoint_folder_without_weights(tmp_path):
+    hf = tmp_path / "global_step_700" / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    env = script_env(tmp_path, MODEL_PATH=str(hf), DATA_DIR=str(_eval_data(tmp_path / "d")))
+    proc = run_script(REPO / "scripts" / "eval" / "eval_id.sh", env=env)
+    assert proc.returncode == 2 and "holds no weights" in proc.stderr
+    assert "python -m verl.model_merger merge --backend fsdp" in proc.stderr

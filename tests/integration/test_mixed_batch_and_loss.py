@@ -14,18 +14,24 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
+from exgrpo.experience.pool import Candidate  # noqa: E402
+from exgrpo.experience.selection import SelectedTrajectory  # noqa: E402
 from exgrpo.objective import mixed_policy_loss  # noqa: E402
 from recipe.exgrpo.actor_loss import LossSettings, exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.exgrpo_ray_trainer import replay_group_metrics  # noqa: E402
 from recipe.exgrpo.mixed_batch import (  # noqa: E402
     BEHAVIOUR_LOG_PROBS_KEY,
+    CANDIDATE_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,
     RATIO_KEY,
-    build_candidate_batch,
+    append_candidates,
     build_replay_members,
+    candidate_rows,
     generation_counts,
+    keep_selected,
     mark_fresh,
+    selected_candidate_indices,
 )
 
 PAD = 0
@@ -103,11 +109,53 @@ def test_replay_member_errors_are_clear():
         build_replay_members(gen, [np.array([5, 6])], [np.zeros(3, np.float32)], PAD)
 
 
-def test_candidate_batch():
-    cand = build_candidate_batch([np.array([5, 6, 7]), np.array([8])], [np.array([1, 2]), np.array([3, 4, 5])], PAD)
-    assert cand.batch["input_ids"].tolist() == [[5, 6, 7, 1, 2, 0], [0, 0, 8, 3, 4, 5]]
-    assert cand.batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
-    assert cand.batch["position_ids"][1].tolist() == [0, 0, 0, 1, 2, 3]
+def _cand(qid, eid, tokens):
+    ids = np.asarray(tokens, dtype=np.int32)
+    return Candidate(qid, eid, ids, -np.arange(1, len(ids) + 1, dtype=np.float32) / 10, 1.0, 1)
+
+
+def test_candidates_are_rows_of_their_question_group_and_the_unselected_are_dropped():
+    # fresh "a" (K = 3 rows), replayed "b" and "c" (K - 1 = 2 generated rows each)
+    gen = _generated_rows([3] * 7, [2, 3, 4, 5, 1, 2, 3], ["a"] * 3 + ["b"] * 2 + ["c"] * 2)
+    mark_fresh(gen)
+    counts = np.array([3, 2, 2])
+    cands = [[_cand("b", 10, [7, 8]), _cand("b", 11, [9, 9, 9])], [_cand("c", 12, [4])]]
+    batch = append_candidates(gen, counts, 1, cands, PAD)
+    assert len(batch) == 10
+    assert batch.batch[CANDIDATE_KEY].tolist() == [-1] * 7 + [0, 1, 2]
+    assert batch.non_tensor_batch["uid"][7:].tolist() == ["b", "b", "c"]
+    assert torch.equal(batch.batch["prompts"][7], gen.batch["prompts"][3])  # b's first generated row
+    assert torch.equal(batch.batch["prompts"][9], gen.batch["prompts"][5])
+    assert batch.batch["responses"][8, :4].tolist() == [9, 9, 9, PAD]
+    assert torch.allclose(batch.batch[BEHAVIOUR_LOG_PROBS_KEY][8, :3], torch.tensor([-0.1, -0.2, -0.3]))
+    assert batch.batch[IS_REPLAY_KEY].tolist() == [False] * 7 + [True] * 3
+    # wherever the rows go (dp balancing reorders them), candidate_rows finds them in candidate order
+    shuffled = batch.select_idxs(np.array([9, 0, 8, 1, 2, 3, 7, 4, 5, 6]))
+    assert candidate_rows(shuffled).tolist() == [6, 2, 0]
+    picked = [SelectedTrajectory(cands[0][1], 0.1, 2), SelectedTrajectory(cands[1][0], 0.2, 1)]
+    flat = selected_candidate_indices(cands, picked)
+    assert flat == [1, 2]
+    kept = keep_selected(batch, flat)
+    assert len(kept) == 9 and CANDIDATE_KEY not in kept.batch.keys()
+    assert kept.non_tensor_batch["uid"].tolist() == ["a"] * 3 + ["b"] * 2 + ["c"] * 2 + ["b", "c"]
+    assert kept.batch["responses"][7, :3].tolist() == [9, 9, 9]
+    m = replay_group_metrics(kept)
+    assert m == {"exgrpo/replayed_rows": 2.0, "exgrpo/replay_group_size_min": 3.0, "exgrpo/replay_group_size_max": 3.0}
+
+
+def test_candidate_helpers_reject_mismatches():
+    gen = _generated_rows([3] * 3, [2, 3, 4], ["a", "a", "b"])
+    with pytest.raises(KeyError, match="mark_fresh"):
+        append_candidates(gen, np.array([2, 1]), 1, [[_cand("b", 1, [3])]], PAD)
+    mark_fresh(gen)
+    with pytest.raises(ValueError, match="2 candidate lists for 1 replayed"):
+        append_candidates(gen, np.array([2, 1]), 1, [[_cand("b", 1, [3])], [_cand("c", 2, [3])]], PAD)
+    cands = [[_cand("b", 1, [3])]]
+    with pytest.raises(ValueError, match="not a candidate"):
+        selected_candidate_indices(cands, [SelectedTrajectory(_cand("b", 5, [3]), 0.0, 1)])
+    batch = append_candidates(gen, np.array([2, 1]), 1, cands, PAD)
+    with pytest.raises(ValueError, match="not all candidate rows"):
+        keep_selected(batch, [3])
 
 
 def _micro_batch(seed=1, replay_rows=(1, 3), mixed=True):
@@ -162,7 +210,7 @@ def test_installed_loss_equals_the_exgrpo_objective(agg, mixed):
         log_prob, gen.batch["old_log_probs"], gen.batch[BEHAVIOUR_LOG_PROBS_KEY], gen.batch["advantages"],
         gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY], loss_agg_mode=agg, shaping="policy_shaping",
         shaping_beta=0.1, is_correction=True, fresh_clip=not mixed, clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=config.clip_ratio_c,
+        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=None,  # exgrpo.dual_clip is off by default (as released)
         loss_scale_factor=config.loss_scale_factor,
     )
     (grad_expected,) = torch.autograd.grad(expected, flat)

@@ -1,4 +1,4 @@
-"""Unit tests for exgrpo.advantage (ALGORITHM.md §7)."""
+"""Unit tests for exgrpo.advantage (docs/algorithm.md §7)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ def test_defaults_follow_algorithm_md():
     assert cfg.shaping == "policy_shaping" and cfg.shaping_beta == 0.1
     assert cfg.is_correction is True and cfg.fresh_clip == "released"
     assert cfg.weight_terms_by_ratio is False and cfg.resume_pool == "required" and cfg.enable is True
+    assert cfg.dual_clip is False and cfg.loss_scale == "global" and cfg.skip_grad_norm_above is None
 
 
 def test_round_trip_and_json():
@@ -85,7 +86,6 @@ def test_unknown_keys_are_named_with_suggestion(d, pattern):
         ({"bucket_rbound": 8}, "bucket_rbound", r"\[1, 7\]"),
         ({"bucket_lbound": 7}, "bucket_lbound", r"\[0, 6\]"),
         ({"max_entries_per_question": 0}, "max_entries_per_question", r"\[1, inf\)"),
-        ({"entropy_token_budget": 0}, "entropy_token_budget", r"\[1, inf\)"),
         ({"seed": -1}, "seed", r"\[0, inf\)"),
         ({"seed": 1.5}, "seed", r"\[0, inf\)"),
         ({"replay_ratio": float("nan")}, "replay_ratio", r"\[0\.0, 1\.0\)"),
@@ -95,6 +95,11 @@ def test_unknown_keys_are_named_with_suggestion(d, pattern):
 def test_ranges_name_the_key_and_range(d, key, rng):
     with pytest.raises(ConfigError, match=rf"exgrpo\.{key} must be .*{rng}"):
         ExGRPOConfig.from_dict(d, k=8)
+
+
+def test_a_removed_key_says_what_replaced_it():
+    with pytest.raises(ConfigError, match=r"exgrpo\.entropy_token_budget was removed: .*old-log-prob pass"):
+        ExGRPOConfig.from_dict({"entropy_token_budget": 4096}, k=8)
 
 
 def test_bounds_must_be_ordered():
@@ -114,7 +119,8 @@ def test_bounds_must_be_ordered():
         ({"collect_from": "switch"}, "collect_from", None),
         ({"resume_pool": "require"}, "resume_pool", "required"),
         ({"shaping": "policy-shaping"}, "shaping", "policy_shaping"),
-        ({"fresh_clip": "never"}, "fresh_clip", None),
+        ({"fresh_clip": "sometimes"}, "fresh_clip", None),
+        ({"loss_scale": "per-rank"}, "loss_scale", "per_rank"),
     ],
 )
 def test_choices_are_validated(d, key, hint):
@@ -122,6 +128,18 @@ def test_choices_are_validated(d, key, hint):
         ExGRPOConfig.from_dict(d, k=8)
     if hint:
         assert f"did you mean {hint!r}" in str(e.value)
+
+
+def test_training_semantics_switches():
+    cfg = ExGRPOConfig.from_dict(
+        {"fresh_clip": "never", "dual_clip": True, "loss_scale": "per_rank", "skip_grad_norm_above": 500}, k=8
+    )
+    assert (cfg.fresh_clip, cfg.dual_clip, cfg.loss_scale, cfg.skip_grad_norm_above) == ("never", True, "per_rank", 500)
+    for bad in (0, -1.0, float("inf"), "500", True):
+        with pytest.raises(ConfigError, match=r"exgrpo\.skip_grad_norm_above must be a number in \(0\.0, inf\)"):
+            ExGRPOConfig.from_dict({"skip_grad_norm_above": bad}, k=8)
+    with pytest.raises(ConfigError, match=r"exgrpo\.dual_clip must be true or false"):
+        ExGRPOConfig.from_dict({"dual_clip": "no"}, k=8)
 
 
 def test_bools_are_not_coerced():
@@ -146,6 +164,10 @@ def test_matches_the_recipe_yaml_keys(repo_root):
 
     block = OmegaConf.to_container(OmegaConf.load(yaml_path).exgrpo, resolve=True)
     ExGRPOConfig.from_dict(block, k=8)
+    # ... and every field except k is in the yaml, so each switch is visible (with its comment) there
+    import dataclasses
+
+    assert {f.name for f in dataclasses.fields(ExGRPOConfig)} - set(block) == {"k"}
 
 
 def test_a_newly_registered_weighting_is_accepted():

@@ -1,4 +1,4 @@
-"""Metrics of the evaluation protocol (ALGORITHM.md §12): avg@k, unbiased pass@k, macro averages, the sample
+"""Metrics of the evaluation protocol (docs/algorithm.md §12): avg@k, unbiased pass@k, macro averages, the sample
 plan, the grader adapter and the resumable generation file."""
 
 import json
@@ -144,12 +144,12 @@ def test_grader_adapter_think_gate_and_return_types():
         seen["response"] = response
         return ground_truth in response
 
-    g = Grader(spec="test:plain", fn=plain, think_gate=True)
+    g = Grader(spec="test:plain", fn=plain, think_gate=True, grading="reward")
     assert g("no think block \\boxed{3}", "3") == 0.0  # gated: never closed </think>
     assert g("<think>3?</think> so \\boxed{4}", "3") == 0.0  # only the text after </think> is graded
     assert seen["response"] == " so \\boxed{4}"
     assert g("<think>...</think> \\boxed{3}", "3") == 1.0
-    assert Grader(spec="test:plain", fn=plain, think_gate=False)("\\boxed{3}", "3") == 1.0
+    assert Grader(spec="test:plain", fn=plain, think_gate=False, grading="reward")("\\boxed{3}", "3") == 1.0
 
     calls = {}
 
@@ -157,13 +157,13 @@ def test_grader_adapter_think_gate_and_return_types():
         calls.update(data_source=data_source, think_gate=think_gate, timeout_s=timeout_s)
         return {"score": 1.0, "acc": False}
 
-    g2 = Grader(spec="test:gated", fn=gated, think_gate=False, timeout_s=3.0)
+    g2 = Grader(spec="test:gated", fn=gated, think_gate=False, timeout_s=3.0, grading="reward")
     assert g2("x", "y", "gpqa") == 0.0  # "acc" wins over a shaped "score"
     assert calls == {"data_source": "gpqa", "think_gate": False, "timeout_s": 3.0}  # the checker gates itself
     assert g2.describe()["think_gate"] is False and g2.describe()["spec"] == "test:gated"
 
     with pytest.raises(TypeError, match="test:bad"):
-        Grader(spec="test:bad", fn=lambda r, gt: "yes", think_gate=False)("a", "b")
+        Grader(spec="test:bad", fn=lambda r, gt: "yes", think_gate=False, grading="reward")("a", "b")
     with pytest.raises(ImportError, match="no_such_module_xyz"):
         Grader(spec="no_such_module_xyz:score")
 
@@ -188,9 +188,12 @@ def test_default_grader_is_the_reward_checker_with_outcomes():
         {"response": "\\boxed{4}", "ground_truth": "4", "data_source": "math"},  # never closed </think>
         {"response": "<think>hm</think> ANSWER: B", "ground_truth": "B", "data_source": "gpqa"},
     ]
-    gated = Grader(think_gate=True, timeout_s=5.0)
+    gated = Grader(think_gate=True, timeout_s=5.0, grading="reward")
     assert gated.describe()["spec"] == "exgrpo.reward:score"
     assert gated.grade_many(records) == [(1.0, "correct"), (0.0, "no_think"), (1.0, "correct")]
-    assert Grader(think_gate=False, timeout_s=5.0).grade_many(records[1:2]) == [(1.0, "correct")]
+    assert Grader(think_gate=False, timeout_s=5.0, grading="reward").grade_many(records[1:2]) == [(1.0, "correct")]
     # the single-answer path agrees with the batch path
     assert [gated(r["response"], r["ground_truth"], r["data_source"]) for r in records] == [1.0, 0.0, 1.0]
+    # the default, the paper's rule: no </think> is fine, no \boxed{} is wrong
+    paper = Grader(timeout_s=5.0)
+    assert paper.grade_many(records) == [(1.0, "correct"), (1.0, "correct"), (0.0, "no_boxed")]

@@ -1,4 +1,4 @@
-"""Unit tests for exgrpo.objective (ALGORITHM.md §8): hand-computed values, gradients, edge cases."""
+"""Unit tests for exgrpo.objective (docs/algorithm.md §8): hand-computed values, gradients, edge cases."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import math
 import pytest
 import torch
 
+from exgrpo.advantage import experience_group_rows, group_relative_advantages
 from exgrpo.objective import (
     AGG_MODES,
     LOG_RATIO_CLAMP,
+    LOSS_AGG_MODES,
     LOSS_METRIC_KINDS,
+    RANK_SUM_NORM,
     SHAPING_REGISTRY,
     aggregate_loss,
     get_shaping_fn,
@@ -113,7 +116,7 @@ def test_aggregate_loss_rejects_unknown_mode():
 
 # ------------------------------------------------------------------------------------------------ §7 example
 def _section7_batch():
-    """One replay group of K = 8 (ALGORITHM.md §7): the replayed row (reward 1) plus 7 failing fresh rows.
+    """One replay group of K = 8 (docs/algorithm.md §7): the replayed row (reward 1) plus 7 failing fresh rows.
 
     A* = 1 − 1/8 = 7/8, A_fresh = −1/8. All ratios are 1 (log_prob = old = behaviour). The replayed row has
     2 tokens, the fresh rows 1, 2, 1, 2, 1, 2, 1 tokens (10 fresh tokens)."""
@@ -261,7 +264,7 @@ def test_behaviour_values_on_fresh_rows_are_ignored():
 @pytest.mark.parametrize("w", [1.0, BETA, 10.0, 0.37, 3.0])
 @pytest.mark.parametrize("advantage", [0.7, -1.3])
 def test_replayed_gradient_is_beta_w_over_w_plus_beta_squared(w, advantage):
-    """∂(objective)/∂log π = β·w/(w+β)²·A for a replayed token (ALGORITHM.md §8); objective = −loss."""
+    """∂(objective)/∂log π = β·w/(w+β)²·A for a replayed token (docs/algorithm.md §8); objective = −loss."""
     beh = torch.tensor([[-1.2, -0.4]], dtype=torch.float64)
     lp = (beh + math.log(w)).requires_grad_(True)
     adv = torch.tensor([[advantage, advantage]], dtype=torch.float64)
@@ -558,6 +561,175 @@ def test_explicit_term_weights():
     assert plain.item() == pytest.approx(_section7_expected("token-mean", -7 / 8 * _f(1.0)), rel=1e-6)
     with pytest.raises(ValueError, match="replay_ratio"):
         mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-mean", weight_terms=True)
+
+
+def _two_group_batch():
+    """K = 3, two groups, all ratios 1 (log_prob = old = behaviour).
+
+    Group "a" is a replay group: its replayed row (reward 1, 2 tokens) and two failing fresh siblings (1 token
+    each): A* = 2/3, A = −1/3, −1/3. Group "b" is on-policy: rewards 1, 0, 0 with 2, 1, 1 tokens: A = 2/3, −1/3,
+    −1/3. Per-row token-loss sums: replayed −A*·f(1)·2 = −(2/3)(10/11)·2 = −40/33; every fresh row −A·1·tokens:
+    +1/3, +1/3 | −4/3, +1/3, +1/3.
+    """
+    uids = ["a", "a", "a", "b", "b", "b"]
+    replay = torch.tensor([True, False, False, False, False, False])
+    adv_rows = group_relative_advantages([1, 0, 0, 1, 0, 0], uids)
+    lengths = [2, 1, 1, 2, 1, 1]
+    mask = torch.tensor([[1.0] * n + [0.0] * (2 - n) for n in lengths])
+    adv = torch.as_tensor(adv_rows, dtype=torch.float32).unsqueeze(-1) * mask
+    lp = torch.full((6, 2), -0.4)
+    return uids, lp, adv, mask, replay
+
+
+def test_whole_replay_group_in_the_experience_term_hand_computed():
+    uids, lp, adv, mask, replay = _two_group_batch()
+    groups = torch.as_tensor(experience_group_rows(uids, replay.numpy()))
+    assert groups.tolist() == [True, True, True, False, False, False]
+    rho = 0.25
+    kw = dict(loss_agg_mode="token-sum", replay_ratio=rho, weight_terms=True)
+    whole, m = mixed_policy_loss(lp, lp, lp, adv, mask, replay, experience_group_mask=groups, **kw)
+    # group a (ρ): −40/33 + 1/3 + 1/3 = −6/11; group b (1−ρ): −4/3 + 1/3 + 1/3 = −2/3
+    assert whole.item() == pytest.approx(0.25 * (-6 / 11) + 0.75 * (-2 / 3), rel=1e-6)  # = −7/11
+    assert whole.item() == pytest.approx(-7 / 11, rel=1e-6)
+    # the split metrics stay consistent: replayed part ρ·(−40/33), fresh part the rest
+    assert m["exgrpo/replayed_loss"] == pytest.approx(0.25 * -40 / 33, rel=1e-6)
+    assert m["exgrpo/fresh_loss"] + m["exgrpo/replayed_loss"] == pytest.approx(whole.item(), rel=1e-6)
+    # only the replayed row in the experience term (the former behaviour, no group mask): its siblings get 1−ρ
+    rows_only, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, **kw)
+    assert rows_only.item() == pytest.approx(0.25 * (-40 / 33) + 0.75 * (2 / 3) + 0.75 * (-2 / 3), rel=1e-6)
+    # no term weights (released): plain sum −40/33 + 2/3 − 2/3
+    plain, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-sum")
+    assert plain.item() == pytest.approx(-40 / 33, rel=1e-6)
+    # the common normaliser still applies: seq-mean-token-sum-norm over 6 rows, L_max = 4
+    norm, _ = mixed_policy_loss(
+        lp,
+        lp,
+        lp,
+        adv,
+        mask,
+        replay,
+        experience_group_mask=groups,
+        loss_agg_mode="seq-mean-token-sum-norm",
+        loss_scale_factor=4,
+        replay_ratio=rho,
+        weight_terms=True,
+    )
+    assert norm.item() == pytest.approx(-7 / 11 / 6 / 4, rel=1e-6)
+
+
+def test_experience_group_mask_must_cover_the_replayed_rows():
+    uids, lp, adv, mask, replay = _two_group_batch()
+    wrong = torch.tensor([False, True, True, False, False, False])
+    with pytest.raises(ValueError, match="experience_group_mask must include every replayed row"):
+        mixed_policy_loss(
+            lp,
+            lp,
+            lp,
+            adv,
+            mask,
+            replay,
+            loss_agg_mode="token-sum",
+            replay_ratio=0.5,
+            weight_terms=True,
+            experience_group_mask=wrong,
+        )
+
+
+# ------------------------------------------------------------------------------------------------ loss scale
+# Two data-parallel ranks, two rows each (token losses; 0 = padding). Rank token sums: 6 and 7. L_max = 4.
+RANK_LOSSES = (torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]), torch.tensor([[4.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+RANK_MASKS = (torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]), torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+
+
+def test_loss_scales_side_by_side_two_ranks():
+    """global (verl's seq-mean-token-sum-norm) vs per_rank (the released code) on the same 2 × 2 rows."""
+    # global: each rank returns (local sum) / (4 global rows) × dp_size 2 / L_max 4; ranks are averaged
+    ours = [
+        aggregate_loss(
+            x, m, "seq-mean-token-sum-norm", dp_size=2, global_token_count=7, global_seq_count=4, loss_scale_factor=4
+        ).item()
+        for x, m in zip(RANK_LOSSES, RANK_MASKS)
+    ]
+    assert ours == pytest.approx([6 / 4 * 2 / 4, 7 / 4 * 2 / 4])  # 0.75, 0.875
+    assert sum(ours) / 2 == pytest.approx(13 / 16)  # = Σ_all / (rows 4 × L_max 4)
+    # per_rank: each rank returns its own token sum / L_max; ranks are averaged
+    released = [
+        aggregate_loss(x, m, RANK_SUM_NORM, loss_scale_factor=4).item() for x, m in zip(RANK_LOSSES, RANK_MASKS)
+    ]
+    assert released == pytest.approx([6 / 4, 7 / 4])
+    assert sum(released) / 2 == pytest.approx(13 / 8)  # = Σ_all / (dp 2 × L_max 4)
+    # the ratio is the rows per rank (4 rows / 2 ranks); it does not depend on the values
+    assert (sum(released) / 2) / (sum(ours) / 2) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(("dp", "ratio"), [(1, 512), (2, 256), (8, 64)])
+def test_released_scale_over_ours_is_rows_per_rank(dp, ratio):
+    """The 7B run: mini-batch 64 questions × K = 8 = 512 rows; at 8 GPUs the released gradient is 64× ours."""
+    rows, t = 512, 3
+    loss = torch.ones(rows, t)
+    mask = torch.ones(rows, t)
+    per_rank = rows // dp
+    ours = (
+        sum(
+            aggregate_loss(
+                loss[r * per_rank : (r + 1) * per_rank],
+                mask[:per_rank],
+                "seq-mean-token-sum-norm",
+                dp_size=dp,
+                global_token_count=rows * t,
+                global_seq_count=rows,
+                loss_scale_factor=8192,
+            )
+            for r in range(dp)
+        )
+        / dp
+    )
+    released = (
+        sum(
+            aggregate_loss(
+                loss[r * per_rank : (r + 1) * per_rank], mask[:per_rank], RANK_SUM_NORM, loss_scale_factor=8192
+            )
+            for r in range(dp)
+        )
+        / dp
+    )
+    assert ours.item() == pytest.approx(rows * t / (rows * 8192))
+    assert released.item() == pytest.approx(rows * t / (dp * 8192))
+    assert (released / ours).item() == pytest.approx(ratio)
+
+
+def test_rank_sum_norm_is_micro_batch_invariant_within_a_rank_and_defaults_to_response_len():
+    x, m = RANK_LOSSES[1], RANK_MASKS[1]
+    parts = aggregate_loss(x[:1], m[:1], RANK_SUM_NORM, loss_scale_factor=4) + aggregate_loss(
+        x[1:], m[1:], RANK_SUM_NORM, loss_scale_factor=4
+    )
+    assert parts.item() == pytest.approx(aggregate_loss(x, m, RANK_SUM_NORM, loss_scale_factor=4).item())
+    assert aggregate_loss(x, m, RANK_SUM_NORM).item() == pytest.approx(7 / 3)  # L = response_len = 3
+    assert RANK_SUM_NORM in LOSS_AGG_MODES and RANK_SUM_NORM not in AGG_MODES  # not a verl mode
+
+
+def test_entropy_can_use_its_own_aggregation():
+    """per_rank: the policy term is the rank's token sum / L_max, the entropy bonus a token mean (released)."""
+    lp, adv, mask, replay = _section7_batch()
+    ent = torch.full_like(lp, 2.0) * mask
+    loss, m = mixed_policy_loss(
+        lp,
+        lp,
+        lp,
+        adv,
+        mask,
+        replay,
+        loss_agg_mode=RANK_SUM_NORM,
+        loss_scale_factor=4,
+        entropy=ent,
+        entropy_coeff=0.001,
+        entropy_agg_mode="token-mean",
+    )
+    total = 2 * (-7 / 8 * _f(1.0)) + 10 * (1 / 8)
+    assert m["exgrpo/entropy_loss"] == pytest.approx(2.0)  # token mean of a constant 2
+    assert loss.item() == pytest.approx(total / 4 - 0.001 * 2.0, rel=1e-6)
+    with pytest.raises(ValueError, match="invalid entropy_agg_mode"):
+        mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-sum", entropy_agg_mode="mean")
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -144,7 +145,7 @@ def test_round_trip_contents_multi_batch(tmp_path):
     assert len(pool) > 20 and len(pool.retired) > 0
     out = save_experience(tmp_path / "p", pool=pool, sampler=sampler, batch_tokens=100)
     header = json.loads((out / "header.json").read_text())
-    assert header["schema_version"] == 1 and len(header["files"]["tokens.arrow"]["batches"]) > 3
+    assert header["schema_version"] == 2 and len(header["files"]["tokens.arrow"]["batches"]) > 3
     assert sorted(os.listdir(out)) == ["entries.arrow", "header.json", "tokens.arrow"]  # no pickle anywhere
     fresh = ExperiencePool(K)
     assert load_experience(out, pool=fresh) == {}
@@ -225,6 +226,20 @@ def _flip_byte(path, where):
     path.write_bytes(bytes(data))
 
 
+def _resign(d, edit):
+    """Edit the header body and write it back with a valid checksum (damage the checksum cannot see)."""
+    body = json.loads((d / "header.json").read_text())
+    del body["sha256"]
+    edit(body)
+    (d / "header.json").write_bytes(persistence_mod._encode_header(body))
+
+
+def _zero_tokens_file_with_matching_crc(d):
+    size = (d / "tokens.arrow").stat().st_size
+    (d / "tokens.arrow").write_bytes(b"\0" * size)
+    _resign(d, lambda b: b["files"]["tokens.arrow"].update(crc32=zlib.crc32(b"\0" * size)))
+
+
 @pytest.mark.parametrize(
     ("damage", "pattern"),
     [
@@ -232,21 +247,14 @@ def _flip_byte(path, where):
             lambda d: (d / "tokens.arrow").write_bytes((d / "tokens.arrow").read_bytes()[:-200]),
             r"tokens\.arrow: truncated",
         ),
-        (lambda d: _flip_byte(d / "tokens.arrow", 0.5), r"tokens\.arrow: .*(checksum|unreadable)"),
-        (lambda d: _flip_byte(d / "entries.arrow", 0.5), r"entries\.arrow"),
+        (lambda d: _flip_byte(d / "tokens.arrow", 0.5), r"tokens\.arrow: checksum mismatch"),
+        (lambda d: _flip_byte(d / "entries.arrow", 0.5), r"entries\.arrow: checksum mismatch"),
+        (lambda d: _flip_byte(d / "header.json", 0.5), r"header\.json: checksum mismatch"),
         (lambda d: (d / "entries.arrow").unlink(), r"entries\.arrow: missing"),
         (lambda d: (d / "header.json").write_text('{"format": '), r"header\.json: unreadable or corrupt"),
         (lambda d: (d / "header.json").unlink(), r"header\.json: missing"),
-        (
-            lambda d: (d / "header.json").write_text(
-                (d / "header.json").read_text().replace('"schema_version": 1', '"schema_version": 99')
-            ),
-            r"header\.json: schema_version 99",
-        ),
-        (
-            lambda d: (d / "tokens.arrow").write_bytes(b"\0" * (d / "tokens.arrow").stat().st_size),
-            r"tokens\.arrow: not a readable Arrow IPC file",
-        ),
+        (lambda d: _resign(d, lambda b: b.update(schema_version=99)), r"header\.json: schema_version 99"),
+        (_zero_tokens_file_with_matching_crc, r"tokens\.arrow: not a readable Arrow IPC file"),
     ],
 )
 def test_damaged_checkpoint_raises_naming_the_file(saved, damage, pattern):
@@ -271,10 +279,8 @@ def test_missing_component_state_is_an_error(tmp_path):
 
 
 def test_header_inconsistent_with_files(saved):
-    header = json.loads((saved / "header.json").read_text())
-    header["pool"]["num_entries"] += 1
-    (saved / "header.json").write_text(json.dumps(header))
-    with pytest.raises(PoolCheckpointError, match="inconsistent"):
+    _resign(saved, lambda b: b["pool"].update(num_entries=b["pool"]["num_entries"] + 1))
+    with pytest.raises(PoolCheckpointError, match=r"header\.json: inconsistent"):
         load_experience(saved, pool=ExperiencePool(K))
 
 
@@ -292,4 +298,4 @@ def test_save_time_hook_is_streaming(tmp_path, monkeypatch):
     monkeypatch.setattr(ExperiencePool, "_batch_tokens", spy)
     save_experience(tmp_path / "s", pool=pool, batch_tokens=64, fsync=False)
     assert len(seen) > 5 and max(seen) <= 64 + 25 and sum(seen) == pool.total_tokens
-    assert persistence_mod.SCHEMA_VERSION == 1
+    assert persistence_mod.SCHEMA_VERSION == 2

@@ -1,4 +1,4 @@
-"""Experience pool: collection rules of ALGORITHM.md §3, dedup, caps/eviction, storage layouts, stats."""
+"""Experience pool: collection rules of docs/algorithm.md §3, dedup, caps/eviction, storage layouts, stats."""
 
 import numpy as np
 import pytest
@@ -128,13 +128,26 @@ def test_collection_bounds():
     assert pool.bucket_of("c") == 3 and pool.num_entries("c") == 3
 
 
-def test_collect_from_mixed_waits_for_the_switch():
+def test_collect_from_mixed_stores_nothing_before_the_switch_but_retires():
+    # Released behaviour: K/K questions are retired from step 1; storing trajectories waits for mixed mode.
     pool = ExperiencePool(K, collect_from="mixed")
-    stats = pool.collect(1, [group("q", 3), group("r", 8)], mixed=False)
-    assert stats.skipped and len(pool) == 0 and not pool.retired
-    stats = pool.collect(2, [group("q", 3), group("r", 8)], mixed=True)
-    assert not stats.skipped and pool.bucket_of("q") == 3 and "r" in pool.retired
-    assert ExperiencePool(K).collect(1, [group("q", 3)], mixed=False).added_entries == 3  # default: from start
+    stats = pool.collect(1, [group("q", 3), group("r", 8), group("s", 0)], mixed=False)
+    assert stats.skipped and stats.retired == 1 and stats.success_counts == [3, 8, 0]
+    assert list(pool.retired) == ["r"] and len(pool) == 0 and pool.total_tokens == 0
+    assert pool.bucket_of("q") is None and pool.bucket_of("s") is None
+    assert stats.added_entries == 0 and stats.bucket_updates == 0 and stats.zero_success == 0
+    # a retired question seen again before the switch is ignored, as after it
+    stats = pool.collect(2, [group("r", 3, salt=1), group("u", 8, salt=1)], mixed=False)
+    assert stats.ignored_retired == 1 and stats.retired == 1 and set(pool.retired) == {"r", "u"}
+    # after the switch: collection as usual (3 correct members of q stored in bucket 3; t retired)
+    stats = pool.collect(3, [group("q", 3), group("r", 8, salt=2), group("t", 8)], mixed=True)
+    assert not stats.skipped and stats.added_entries == 3 and stats.retired == 1 and stats.ignored_retired == 1
+    assert pool.bucket_of("q") == 3 and len(pool) == 3 and set(pool.retired) == {"r", "u", "t"}
+
+
+def test_collect_from_start_is_the_default():
+    stats = ExperiencePool(K).collect(1, [group("q", 3), group("r", 8)], mixed=False)
+    assert stats.added_entries == 3 and stats.retired == 1 and not stats.skipped
 
 
 def test_max_entries_per_question_evicts_oldest(layout):

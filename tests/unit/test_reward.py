@@ -205,7 +205,7 @@ def test_verl_dict_has_the_same_keys_for_every_outcome():
     ]
     assert {r.outcome for r in results} == {"correct", "wrong", "no_think", "no_answer", "error"}
     key_sets = {tuple(sorted(r.to_verl_dict())) for r in results}
-    assert key_sets == {("acc", "pred", "reward_error", "reward_timeout", "score", "think_closed")}
+    assert key_sets == {("acc", "pred", "reward_error", "reward_queue_s", "reward_timeout", "score", "think_closed")}
     for r in results:
         d = r.to_verl_dict()
         assert isinstance(d["pred"], str)
@@ -222,7 +222,7 @@ def test_hanging_check_times_out_and_the_pool_recovers():
         hung = grade(HANG, "1", timeout_s=1.0, pool=pool, exact_shortcut=False)
         assert (hung.score, hung.outcome) == (0.0, "timeout")
         assert hung.to_verl_dict()["reward_timeout"] == 1.0
-        assert pool.killed == 1 and pool.live_workers == 0
+        assert pool.killed == 1
         after = grade("<think>x</think> \\boxed{\\sqrt{4}}", "2", timeout_s=30.0, pool=pool, exact_shortcut=False)
         assert after.score == 1.0 and pool.started == 2
         assert reward_stats()["timeout"] == 1

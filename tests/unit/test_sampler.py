@@ -1,4 +1,4 @@
-"""Bucket sampler (ALGORITHM.md §4): reference probabilities, frequencies, overflow, exclusion, seeding."""
+"""Bucket sampler (docs/algorithm.md §4): reference probabilities, frequencies, overflow, exclusion, seeding."""
 
 import json
 
@@ -41,7 +41,7 @@ def _pool(sizes: dict[int, int], k=K) -> ExperiencePool:
 @pytest.mark.parametrize(
     ("mu", "sigma", "ref"),
     [
-        # released: mu = 0.5, sigma = 1 success = 1/K in accuracy units (ALGORITHM.md §4)
+        # released: mu = 0.5, sigma = 1 success = 1/K in accuracy units (docs/algorithm.md §4)
         (0.5, 1 / 8, [0.0044, 0.054, 0.242, 0.399, 0.242, 0.054, 0.0044]),
         (0.5, 0.5 / 8, [0, 0.0003, 0.107, 0.787, 0.107, 0.0003, 0]),
         (0.5, 1.5 / 8, [0.037, 0.111, 0.217, 0.271, 0.217, 0.111, 0.037]),

@@ -1,4 +1,4 @@
-"""Delayed start (strict >, one-way) and the replay-ratio ramp (ALGORITHM.md §9)."""
+"""Delayed start (strict >, one-way) and the replay-ratio ramp (docs/algorithm.md §9)."""
 
 import json
 

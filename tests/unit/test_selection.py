@@ -1,4 +1,4 @@
-"""Trajectory selection (ALGORITHM.md §5): masked-mean scores, metrics registry, selector, token budgets."""
+"""Trajectory selection (docs/algorithm.md §5): masked-mean scores, token-stats input, metrics registry, selector."""
 
 import json
 
@@ -10,8 +10,8 @@ from exgrpo.config import ExGRPOConfig
 from exgrpo.experience import (
     TRAJECTORY_METRICS,
     Candidate,
+    CandidateTokenStats,
     TrajectorySelector,
-    batch_by_token_budget,
     get_trajectory_metric,
     masked_mean_per_row,
     ngram_overlap_scores,
@@ -31,13 +31,13 @@ def test_masked_mean_is_per_row_and_ignores_padding():
     values = torch.tensor([[1.0, 3.0, 100.0, 100.0], [2.0, 2.0, 2.0, 6.0], [5.0, 5.0, 5.0, 5.0]])
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
     out = masked_mean_per_row(values, mask)
-    torch.testing.assert_close(out, torch.tensor([2.0, 3.0, 0.0]))  # empty mask -> 0, not NaN
+    torch.testing.assert_close(out, torch.tensor([2.0, 3.0, 0.0], dtype=torch.float64))  # empty mask -> 0, not NaN
 
 
-def test_masked_mean_upcasts_bf16_and_checks_shapes():
+def test_masked_mean_upcasts_to_float64_and_checks_shapes():
     v = torch.full((1, 4096), 0.3, dtype=torch.bfloat16)
     out = masked_mean_per_row(v, torch.ones(1, 4096))
-    assert out.dtype == torch.float32 and out.item() == pytest.approx(float(v[0, 0]), rel=1e-6)
+    assert out.dtype == torch.float64 and out.item() == pytest.approx(float(v[0, 0]), rel=1e-12)
     with pytest.raises(ValueError, match="same shape"):
         masked_mean_per_row(torch.ones(2, 3), torch.ones(2, 4))
 
@@ -51,7 +51,7 @@ def test_short_high_entropy_vs_long_low_entropy_picks_lowest_mean():
     mask[0, :2] = 1
     mask[1, :] = 1
     scores = trajectory_scores("entropy", mask, entropies=entropies)
-    torch.testing.assert_close(scores, torch.tensor([1.0, 0.5]))
+    torch.testing.assert_close(scores, torch.tensor([1.0, 0.5], dtype=torch.float64))
     assert int(torch.argmin(scores)) == 1
     assert int(torch.argmin((entropies * mask).sum(-1))) == 0  # what a sum would have picked
 
@@ -59,7 +59,7 @@ def test_short_high_entropy_vs_long_low_entropy_picks_lowest_mean():
 def test_nll_score_and_missing_inputs():
     lp = torch.log(torch.tensor([[0.5, 0.25, 1.0]]))
     s = trajectory_scores("nll", torch.tensor([[1, 1, 0]]), log_probs=lp)
-    torch.testing.assert_close(s, torch.tensor([(np.log(2) + np.log(4)) / 2], dtype=torch.float32))
+    torch.testing.assert_close(s, torch.tensor([(np.log(2) + np.log(4)) / 2], dtype=torch.float64))
     with pytest.raises(ValueError, match="needs per-token entropies"):
         trajectory_scores("entropy", torch.ones(1, 2))
     with pytest.raises(ValueError, match="unknown score quantity"):
@@ -163,18 +163,22 @@ def test_from_config():
     assert (sel.metric, sel.mode, sel.ngram) == ("diversity", "max", 2)
 
 
-# ------------------------------------------------------------------------------------------ token budget
-def test_batch_by_token_budget():
-    lengths = [5, 30, 10, 10, 2, 40]
-    padded = batch_by_token_budget(lengths, 40)
-    assert sorted(i for b in padded for i in b) == list(range(6))
-    for b in padded:  # rows x longest row within budget, unless a single over-long row
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
-    assert padded == [[5], [1], [2, 3, 0, 4]]  # longest first; 30 + 10 padded would cost 2 x 30 = 60
-    flat = batch_by_token_budget(lengths, 40, padded=False)
-    assert all(len(b) == 1 or sum(lengths[i] for i in b) <= 40 for b in flat)
-    assert flat == [[5], [1, 2], [3, 0, 4]]  # without padding 30 + 10 fits
-    assert batch_by_token_budget([100, 3], 10) == [[0], [1]]  # longer than the budget: alone
-    assert batch_by_token_budget([], 10) == []
-    with pytest.raises(ValueError):
-        batch_by_token_budget([1], 0)
+# ------------------------------------------------------------------------------------------ token stats
+def test_candidate_token_stats_reduce_per_candidate_and_drive_the_selector():
+    """The one model input of selection: padded per-token figures, reduced over each row's own mask."""
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    entropy = torch.tensor([[0.2, 0.4, 9.0, 9.0], [0.1, 0.1, 0.1, 0.5], [0.05, 7.0, 7.0, 7.0]])
+    log_prob = torch.log(torch.tensor([[0.5, 0.5, 1.0, 1.0], [0.25, 0.25, 0.25, 0.25], [0.125, 1.0, 1.0, 1.0]]))
+    stats = CandidateTokenStats(mask, entropy=entropy, log_prob=log_prob)
+    np.testing.assert_allclose(stats.scores("entropy"), [0.3, 0.2, 0.05], rtol=1e-6)
+    np.testing.assert_allclose(stats.scores("nll"), [np.log(2), np.log(4), np.log(8)], rtol=1e-6)
+    groups = [[cand("a", 0, [1, 2]), cand("a", 1, [3, 4, 5, 6])], [cand("b", 2, [7])]]
+    out = TrajectorySelector("entropy", "min").select(groups, stats.provider())
+    assert [s.entry_id for s in out] == [1, 2]
+    assert out[0].score == pytest.approx(0.2)
+    out = TrajectorySelector("nll", "min").select(groups, stats.provider())
+    assert [s.entry_id for s in out] == [0, 2]
+    with pytest.raises(ValueError, match="3 candidates for 2"):
+        TrajectorySelector("entropy", "min").select([groups[0]], stats.provider())
+    with pytest.raises(ValueError, match="shape"):
+        CandidateTokenStats(mask, entropy=torch.zeros(3, 5))

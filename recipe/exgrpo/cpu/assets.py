@@ -5,12 +5,12 @@ Nothing is downloaded. ``build_assets()`` writes, into one directory:
 - ``tokenizer`` files inside each model directory: a byte-level BPE over the 256 byte symbols with **no merges**
   (token id == byte value), plus ``<|im_end|>`` (eos), ``<|endoftext|>`` (pad), ``<|im_start|>`` and a ChatML
   chat template. It is saved as a ``Qwen2Tokenizer`` so transformers 5 reloads it identically and verl's Qwen
-  checks pass (``"\\n"`` is one token, VERL_ON_CPU.md "Tokenizer for tiny offline models").
+  checks pass (``"\\n"`` is one token, docs/cpu_backend.md).
 - ``model_init/``: a randomly initialised Qwen2-architecture causal LM (hidden 64, 2 layers, sdpa attention).
 - ``model/``: the same model after a short supervised warm-up on toy arithmetic, so that at temperature 1.0 it
   solves part of the questions: the analogue of starting RL from a base model that already solves some problems.
   Without it every reward is 0, no question is partially solved and ExGRPO's experience pool never fills
-  (ALGORITHM.md §3).
+  (docs/algorithm.md §3).
 - ``data/train.parquet``, ``data/val.parquet``: the toy arithmetic splits (data_preprocess/toy_arithmetic.py).
   The warm-up trains on *other* questions of the same kind, so RL and validation questions are unseen.
 - ``assets.json``: the settings, their hash, the measured pass rate and the warm-up time.

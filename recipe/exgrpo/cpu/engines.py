@@ -1,7 +1,7 @@
 """verl's FSDP training engines, registered for the ``cpu`` device, with CPU-specific checks up front.
 
 verl registers ``FSDPEngineWithLMHead``/``FSDPEngineWithValueHead`` for ``cuda`` and ``npu`` only, so on the CPU
-platform ``EngineRegistry`` answers "No engine registered for device='cpu'" (VERL_ON_CPU.md blocker 5). The
+platform ``EngineRegistry`` answers "No engine registered for device='cpu'" (docs/cpu_backend.md, blocker 5). The
 subclasses below add nothing to the training maths; they fail fast, naming the key and the fix, on settings
 that would otherwise break deep inside FSDP or transformers on a CPU (FSDP1, flash attention).
 """

@@ -5,7 +5,7 @@ the generation keys (``_get_gen_batch``), repeats it ``rollout.n`` times itself
 (``gen_batch.repeat(rollout.n, interleave=True)``) and hands the already-expanded batch to
 ``self.async_rollout_manager.generate_sequences(...)``. The agent-loop manager produces **exactly one response
 per row**; ``rollout.n`` plays no part in generation. So a trainer that needs K samples for fresh questions and
-K-1 for replayed ones (ALGORITHM.md, the mixed step) expands the batch with per-row counts and calls the same
+K-1 for replayed ones (docs/algorithm.md, the mixed step) expands the batch with per-row counts and calls the same
 manager; ``generate_with_counts`` below is that call, with the padding verl's manager needs when it splits the
 batch across several agent-loop workers.
 

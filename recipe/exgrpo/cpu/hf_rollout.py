@@ -1,6 +1,6 @@
 """Rollout backend ``hf``: Hugging Face ``generate()`` served from a Ray actor, for verl runs without a GPU.
 
-verl 0.9.1 registers only vLLM, SGLang and TensorRT-LLM rollouts, none of which runs on CPU (VERL_ON_CPU.md
+verl 0.9.1 registers only vLLM, SGLang and TensorRT-LLM rollouts, none of which runs on CPU (docs/cpu_backend.md,
 blocker 8). This module plugs a small replacement into verl's own extension points, mirroring the three pieces
 of the vLLM backend:
 

@@ -3,7 +3,7 @@
 Why it is unavoidable: verl 0.9.1 builds the process-group backend string in
 ``verl.utils.distributed.initialize_global_process_group_ray`` as ``f"cpu:gloo,{device}:{backend}"``. With the
 CPU platform that is ``"cpu:gloo,cpu:gloo"``, which ``torch.distributed`` rejects ("Duplicate device type cpu",
-VERL_ON_CPU.md blocker 4). The device name must stay ``"cpu"`` (verl uses it for ``tensor.to``), the backend
+docs/cpu_backend.md, blocker 4). The device name must stay ``"cpu"`` (verl uses it for ``tensor.to``), the backend
 name cannot make the string valid, and ``TrainingWorker.__init__`` calls the function without a ``backend``
 argument, so no public extension point reaches it. The wrapper below only fills in ``backend="gloo"`` when the
 platform is the CPU one and the caller passed none; every other call goes to verl's function unchanged.

@@ -2,7 +2,7 @@
 
 verl 0.9.1 resolves every device question (device name, torch device module, collective backend, Ray resource)
 through ``verl.plugin.platform.get_platform()``. Registering this class under the name ``cpu`` is the public way
-to run the real trainer on CPU; see docs/cpu_backend.md and ../shared/docs/VERL_ON_CPU.md (blockers 1, 3, 9).
+to run the real trainer on CPU; see docs/cpu_backend.md (blockers 1, 3, 9).
 
 Design choices:
 - ``device_name`` is ``"cpu"`` so every ``tensor.to(device_name)`` and ``init_device_mesh(device_name, ...)`` in
@@ -11,7 +11,7 @@ Design choices:
 - ``device_module`` is a small namespace over ``torch.cpu`` that adds the memory/RNG/IPC calls verl makes on
   ``get_torch_device()`` (``empty_cache``, ``mem_get_info``, ``get_rng_state``, ``get_device_name`` ...). Its
   ``get_device_name()`` returns the string ``"CPU"``: verl's flops counter does ``key in device_name`` and
-  crashes on a non-string (VERL_ON_CPU.md blocker 9).
+  crashes on a non-string (docs/cpu_backend.md, blocker 9).
 - The collective backend is plain ``gloo``.
 - The Ray resource is ``GPU``: verl's resource-pool check counts only ``GPU``/``NPU`` resources and its
   placement groups ask for one accelerator per worker, so the driver must announce *logical* GPUs

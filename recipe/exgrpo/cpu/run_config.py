@@ -85,11 +85,12 @@ def required_ray_cpus(n_devices: int, agent_workers: int, reward_workers: int, u
     """Logical CPUs the run's actors reserve: device bundles, TaskRunner, agent-loop and reward workers, router.
 
     Ray's CPU count is logical (scheduling slots), so oversubscribing the real cores is fine; too few slots make
-    verl's placement groups wait forever instead of failing (VERL_ON_CPU.md blocker 2).
+    verl's placement groups wait forever instead of failing (docs/cpu_backend.md, blocker 2).
     """
     needed = CPUS_PER_DEVICE_BUNDLE * n_devices + 1 + agent_workers + reward_workers + 1
     if use_v1:
-        needed += 2 + 4  # TransferQueue storage units (2) plus its controller and samplers (VERL_ON_CPU.md #10)
+        # TransferQueue storage units (2) plus its controller and samplers (docs/cpu_backend.md, blocker 10)
+        needed += 2 + 4
     return needed
 
 
@@ -106,7 +107,7 @@ def cpu_overrides(spec: CpuRunSpec) -> list[str]:
     )
     loggers = "[" + ",".join(spec.loggers) + "]"
     overrides = [
-        # algorithm: GRPO, no KL (the ExGRPO setting, ALGORITHM.md §1)
+        # algorithm: GRPO, no KL (the ExGRPO setting, docs/algorithm.md §1)
         f"algorithm.adv_estimator={spec.adv_estimator}",
         "algorithm.use_kl_in_reward=False",
         # data

@@ -1,0 +1,96 @@
+"""One small registry for every pluggable piece of the recipe (bucket weightings, trajectory metrics, shaping
+functions), in the style of verl's ``register_policy_loss``: adding a variant is one decorated function.
+
+    SHAPINGS = Registry("shaping function", key="exgrpo.shaping")
+
+    @SHAPINGS.register("policy_shaping")
+    def policy_shaping(log_ratio, *, beta): ...
+
+    fn = SHAPINGS.get(cfg.shaping)          # unknown name: ValueError with the registered names and a did-you-mean
+
+Rules, the same everywhere: a name is registered once (a second registration is an error, even of the same
+function, so two modules cannot silently fight over a name); lookups of an unknown name fail with the registered
+names and the closest match; per-entry facts (e.g. "this weighting is per question") are keyword tags stored with
+the entry, not side tables. A registry is a read-only ``Mapping`` of name → object, so ``name in REGISTRY``,
+``sorted(REGISTRY)`` and ``REGISTRY[name]`` work as for a dict.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Registry"]
+
+T = TypeVar("T")
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Named objects of one kind. ``kind`` names them in errors; ``key`` is the config key that selects one."""
+
+    def __init__(self, kind: str, *, key: str | None = None):
+        self.kind = kind
+        self.key = key
+        self._entries: dict[str, T] = {}
+        self._tags: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ registration
+    def register(self, name: str, **tags: Any) -> Callable[[T], T]:
+        """Decorator registering its argument under ``name``; ``tags`` are facts about the entry (:meth:`tag`)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {self.kind} needs a non-empty string name, got {name!r}")
+
+        def decorator(obj: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._entries[name] = obj
+            self._tags[name] = dict(tags)
+            return obj
+
+        return decorator
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (for tests that register a temporary entry)."""
+        self._entries.pop(name, None)
+        self._tags.pop(name, None)
+
+    # ------------------------------------------------------------------ lookup
+    def get(self, name: str, default: Any = None) -> T:  # type: ignore[override]
+        """The object registered under ``name``; an unknown name is a ValueError naming the registered ones.
+
+        (``default`` exists for the ``Mapping`` signature only: a registry lookup never falls back silently.)
+        """
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise ValueError(self.unknown_message(name)) from None
+
+    def tag(self, name: str, tag: str, default: Any = None) -> Any:
+        """A fact registered with the entry (``register(name, tag=value)``)."""
+        self.get(name)
+        return self._tags[name].get(tag, default)
+
+    def names_with(self, tag: str) -> list[str]:
+        """Names whose entry carries a truthy ``tag``."""
+        return [n for n in self._entries if self._tags[n].get(tag)]
+
+    def unknown_message(self, name: Any) -> str:
+        """The error text for an unknown name: what is registered, and the closest match."""
+        close = difflib.get_close_matches(str(name), list(self._entries), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        where = f" ({self.key})" if self.key else ""
+        return f"unknown {self.kind} {name!r}{where}; registered: {sorted(self._entries)}{hint}"
+
+    # ------------------------------------------------------------------ Mapping
+    def __getitem__(self, name: str) -> T:
+        return self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {sorted(self._entries)})"

@@ -1,0 +1,227 @@
+"""What is installed, against what the recipe pins: ``python -m recipe.exgrpo.env_check [--cpu] [--json]``.
+
+Prints the versions of Python, torch (and the CUDA version it was built for), vLLM, flash-attn (and whether its
+CUDA extension loads), verl, transformers, ray, math-verify and this repository, and whether GPUs are visible
+(their names, compute capability and the driver version from ``nvidia-smi``). Each pinned package is compared with
+requirements.txt / requirements-flash-attn.txt (the GPU stack, default) or requirements-cpu.txt +
+constraints-cpu.txt (``--cpu``: the CPU test stack, where vLLM, flash-attn and GPUs are not expected).
+
+Exit status: 0 when everything expected is there at the pinned versions, 1 otherwise (each problem is listed).
+Nothing heavy is imported except torch (and flash-attn, to see that it loads): no vLLM engine starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_FILES = ("requirements.txt", "requirements-flash-attn.txt")
+CPU_FILES = ("requirements-cpu.txt", "constraints-cpu.txt")
+SHOWN = ("torch", "vllm", "flash-attn", "verl", "transformers", "ray", "math-verify", "exgrpo")
+GPU_ONLY = ("vllm", "flash-attn")
+MIN_DRIVER_CUDA13 = 580  # NVIDIA's minimum Linux driver branch for CUDA 13.x (torch 2.11.0 / vLLM 0.24.0 wheels)
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def read_requirements(paths: Sequence[Path]) -> dict[str, str]:
+    """``{package: specifier}`` of the requirement lines of the files that exist (extras and comments dropped;
+    a later file overrides an earlier one)."""
+    from packaging.requirements import Requirement
+
+    out: dict[str, str] = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line or line.startswith("-"):
+                continue
+            req = Requirement(line)
+            out[_canonical(req.name)] = str(req.specifier)
+    return out
+
+
+def installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_problems(expected: Mapping[str, str], installed: Mapping[str, str | None]) -> list[str]:
+    """One line per expected package that is missing or outside its specifier (local versions such as ``+cu130``
+    compare by their public part)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    problems = []
+    for name, spec in expected.items():
+        have = installed.get(name)
+        if have is None:
+            problems.append(f"{name} is not installed (wanted {spec or 'any version'})")
+        elif spec and Version(have).public not in SpecifierSet(spec):
+            problems.append(f"{name} {have} does not satisfy {spec}")
+    return problems
+
+
+def driver_major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class GpuInfo:
+    visible: int = 0
+    names: list[str] = field(default_factory=list)
+    capabilities: list[str] = field(default_factory=list)
+    driver: str | None = None
+    torch_cuda: str | None = None  # the CUDA version torch was built for
+    error: str | None = None
+
+
+def gpu_info() -> GpuInfo:
+    info = GpuInfo()
+    try:
+        import torch
+
+        info.torch_cuda = torch.version.cuda
+        if torch.cuda.is_available():
+            info.visible = torch.cuda.device_count()
+            for i in range(info.visible):
+                info.names.append(torch.cuda.get_device_name(i))
+                major, minor = torch.cuda.get_device_capability(i)
+                info.capabilities.append(f"{major}.{minor}")
+    except Exception as e:  # a broken torch install is itself the finding
+        info.error = f"{type(e).__name__}: {e}"
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            lines = [x.strip() for x in out.stdout.splitlines() if x.strip()]
+            info.driver = lines[0] if out.returncode == 0 and lines else None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return info
+
+
+def flash_attn_loads() -> str | None:
+    """None when ``flash_attn`` and its CUDA extension import; else the error."""
+    try:
+        import flash_attn  # noqa: F401
+        import flash_attn_2_cuda  # noqa: F401
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+@dataclass
+class Report:
+    mode: str
+    python: str
+    versions: dict[str, str | None]
+    gpu: GpuInfo
+    flash_attn_error: str | None
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+    def format(self) -> str:
+        v = self.versions
+        torch_build = f" (CUDA {self.gpu.torch_cuda} build)" if self.gpu.torch_cuda else " (CPU build)"
+        if self.gpu.visible:
+            gpus = f"{self.gpu.visible} visible: " + ", ".join(
+                f"{n} (compute {c})" for n, c in zip(self.gpu.names, self.gpu.capabilities)
+            )
+        else:
+            gpus = "none visible" + (f" ({self.gpu.error})" if self.gpu.error else "")
+        fa = v.get("flash-attn") or "not installed"
+        if v.get("flash-attn"):
+            fa += " (loads)" if self.flash_attn_error is None else f" (does not load: {self.flash_attn_error})"
+        lines = [
+            f"ExGRPO environment check ({self.mode} stack)",
+            f"  python        {self.python}",
+            f"  torch         {v.get('torch') or 'not installed'}{torch_build if v.get('torch') else ''}",
+            f"  GPUs          {gpus}",
+            f"  driver        {self.gpu.driver or 'no nvidia-smi'}",
+            f"  vllm          {v.get('vllm') or 'not installed'}",
+            f"  flash-attn    {fa}",
+            f"  verl          {v.get('verl') or 'not installed'}",
+            f"  transformers  {v.get('transformers') or 'not installed'}",
+            f"  ray           {v.get('ray') or 'not installed'}",
+            f"  math-verify   {v.get('math-verify') or 'not installed'}",
+            f"  exgrpo        {v.get('exgrpo') or 'not installed (pip install -e . --no-deps)'} ({REPO})",
+        ]
+        if self.ok:
+            lines.append("result: OK")
+        else:
+            lines.append(f"result: {len(self.problems)} problem(s)")
+            lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def check(cpu: bool = False, repo: Path = REPO) -> Report:
+    mode = "CPU" if cpu else "GPU"
+    expected = read_requirements([repo / f for f in (CPU_FILES if cpu else GPU_FILES)])
+    if cpu:  # the CPU stack pins torch in scripts/setup_env.sh, not in a requirements file
+        expected = {k: s for k, s in expected.items() if k not in GPU_ONLY}
+    names = sorted(set(expected) | {_canonical(n) for n in SHOWN})
+    versions = {n: installed_version(n) for n in names}
+    problems = version_problems(expected, versions)
+    if versions.get("exgrpo") is None:
+        problems.append("the recipe is not installed: pip install -e . --no-deps (in the repository)")
+    gpu = gpu_info()
+    fa_error = flash_attn_loads() if versions.get("flash-attn") else None
+    if not cpu:
+        if gpu.visible == 0:
+            problems.append("no GPU is visible to torch" + (f" ({gpu.error})" if gpu.error else ""))
+        if gpu.torch_cuda is None and versions.get("torch"):
+            problems.append(f"torch {versions['torch']} is a CPU build; the GPU stack needs torch 2.11.0 (CUDA 13.0)")
+        major = driver_major(gpu.driver)
+        if major is not None and major < MIN_DRIVER_CUDA13:
+            problems.append(
+                f"NVIDIA driver {gpu.driver} is older than the {MIN_DRIVER_CUDA13} branch that CUDA 13.0 "
+                "(torch 2.11.0, vLLM 0.24.0) needs"
+            )
+        if versions.get("flash-attn") and fa_error:
+            problems.append(f"flash-attn is installed but does not load: {fa_error}")
+    return Report(mode, platform.python_version(), versions, gpu, fa_error, problems)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recipe.exgrpo.env_check", description=__doc__.splitlines()[0])
+    p.add_argument("--cpu", action="store_true", help="check the CPU test stack (no vLLM, flash-attn or GPU needed)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    report = check(cpu=args.cpu)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
