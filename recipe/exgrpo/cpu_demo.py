@@ -237,7 +237,7 @@ def read_metrics(output_dir: str | Path) -> list[dict]:
 
 def step_line(row: dict, total_steps: int) -> str | None:
     """The few figures a person watches, for one metrics row (None for rows without them)."""
-    from recipe.exgrpo.learning_curves import level_name, validation_by_source
+    from recipe.exgrpo.learning_curves import level_name, ordered_levels, validation_by_source
 
     parts = []
     step = int(row.get("step") or 0)
@@ -253,7 +253,8 @@ def step_line(row: dict, total_steps: int) -> str | None:
             f"  {row.get('timing_s/step', float('nan')):.1f} s"
         )
     if val:
-        by_level = {level_name(s): v for s, v in sorted(val.items())}
+        named = {level_name(s): v for s, v in val.items()}
+        by_level = {lv: named[lv] for lv in ordered_levels(named)}
         mean = sum(by_level.values()) / len(by_level)
         levels = "  ".join(f"{lv} {v:.3f}" for lv, v in by_level.items())
         prefix = "" if parts else f"step {step:>3}/{total_steps}  "

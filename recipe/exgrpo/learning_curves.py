@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 VAL_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+# the recipe's reward logs whether each response closed its think block (the toy task's format)
+THINK_KEY = re.compile(r"^val-aux/(?P<source>[^/]+)/think_closed/mean@(?P<n>\d+)$")
 DEFAULT_SOURCE_PREFIX = "toy_arithmetic_"
 
 
@@ -65,6 +67,14 @@ def validation_by_source(row: Mapping[str, Any]) -> dict[str, float]:
     return {source: value for source, (_, value) in found.items()}
 
 
+LEVEL_ORDER = ("easy", "medium", "hard")
+
+
+def ordered_levels(names) -> list[str]:
+    """The toy task's levels in difficulty order, any other names after them alphabetically."""
+    return sorted(names, key=lambda n: (LEVEL_ORDER.index(n) if n in LEVEL_ORDER else len(LEVEL_ORDER), n))
+
+
 def level_name(source: str, prefix: str = DEFAULT_SOURCE_PREFIX) -> str:
     return source[len(prefix) :] if source.startswith(prefix) and len(source) > len(prefix) else source
 
@@ -86,6 +96,8 @@ class RunCurve:
     val_steps: list[int] = field(default_factory=list)
     val_acc: list[float] = field(default_factory=list)
     val_by_level: dict[str, list[float]] = field(default_factory=dict)
+    # share of validation responses that close the think block (mean over levels; empty when not logged)
+    val_think_closed: list[float] = field(default_factory=list)
     wall_seconds: float | None = None
 
     @property
@@ -125,13 +137,17 @@ def run_curve(
             curve.step_seconds.append(float(row.get("timing_s/step", math.nan)))
         by_source = validation_by_source(row)
         if by_source:
-            by_level = {level_name(s): v for s, v in sorted(by_source.items())}
+            named = {level_name(s): v for s, v in by_source.items()}
+            by_level = {lv: named[lv] for lv in ordered_levels(named)}
             weights = {lv: float((level_weights or {}).get(lv, 1.0)) for lv in by_level}
             overall = sum(by_level[lv] * weights[lv] for lv in by_level) / sum(weights.values())
             curve.val_steps.append(step)
             curve.val_acc.append(overall)
             for lv, v in by_level.items():
                 curve.val_by_level.setdefault(lv, []).append(v)
+            closed = [float(v) for k, v in row.items() if THINK_KEY.match(k) and isinstance(v, (int, float))]
+            if closed:
+                curve.val_think_closed.append(sum(closed) / len(closed))
     return curve
 
 
@@ -147,6 +163,9 @@ def describe_run(curve: RunCurve) -> str:
             lines.append(
                 f"  {lv:<8} {values[0]:.3f} -> {values[-1]:.3f} ({100 * (values[-1] - values[0]):+.1f} points)"
             )
+        if len(curve.val_think_closed) == len(curve.val_acc):
+            first, last = curve.val_think_closed[0], curve.val_think_closed[-1]
+            lines.append(f"  answers that close the think block: {first:.3f} -> {last:.3f}")
     if curve.sampled_pass_rate:
         n = max(1, len(curve.steps) // 4)
         early = statistics.fmean(curve.sampled_pass_rate[:n])
@@ -177,6 +196,10 @@ def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Pat
         top.plot(curve.val_steps, curve.val_acc, "o-", color="black", lw=2, label="validation accuracy")
         for lv, values in curve.val_by_level.items():
             top.plot(curve.val_steps, values, ".--", lw=1, label=f"validation: {lv}")
+    if curve.val_think_closed and len(curve.val_think_closed) == len(curve.val_steps):
+        top.plot(
+            curve.val_steps, curve.val_think_closed, "s:", color="tab:brown", lw=1, label="validation: think closed"
+        )
     if curve.steps:
         top.plot(
             curve.steps,
@@ -248,7 +271,7 @@ def steps_to_target(steps: Sequence[int], values: Sequence[float], target: float
 def summarize_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], target: float) -> list[ArmSummary]:
     out = []
     for arm, curves in curves_by_arm.items():
-        levels = sorted({lv for c in curves for lv in c.val_by_level})
+        levels = ordered_levels({lv for c in curves for lv in c.val_by_level})
         out.append(
             ArmSummary(
                 arm=arm,
@@ -277,7 +300,7 @@ def _pm(mean_std: tuple[float, float], digits: int = 3) -> str:
 
 def markdown_table(summaries: Sequence[ArmSummary], target: float) -> str:
     """One row per arm: mean ± std over seeds of the validation figures, steps to target per seed, wall time."""
-    levels = sorted({lv for s in summaries for lv in s.final_by_level})
+    levels = ordered_levels({lv for s in summaries for lv in s.final_by_level})
     head = (
         ["arm", "seeds", "start", "final", "best", "AUC", f"steps to {target:.2f}"]
         + [f"final {lv}" for lv in levels]

@@ -82,6 +82,24 @@ def test_run_curve_reads_training_and_validation_points(tmp_path):
     assert curve.pool_entries == [10, 20, 30, 40]
 
 
+def test_think_closed_share_is_read_per_validation():
+    rows = [
+        {
+            **_val(0, 0.5, 0.1),
+            "val-aux/toy_arithmetic_easy/think_closed/mean@1": 0.4,
+            "val-aux/toy_arithmetic_hard/think_closed/mean@1": 0.6,
+        },
+        {
+            **_val(5, 0.7, 0.2),
+            "val-aux/toy_arithmetic_easy/think_closed/mean@1": 1.0,
+            "val-aux/toy_arithmetic_hard/think_closed/mean@1": 0.9,
+        },
+    ]
+    curve = run_curve(rows)
+    assert curve.val_think_closed == pytest.approx([0.5, 0.95])
+    assert "answers that close the think block: 0.500 -> 0.950" in describe_run(curve)
+
+
 def test_weighted_overall_accuracy():
     rows = [_val(0, 1.0, 0.0)]
     assert run_curve(rows, level_weights={"easy": 3, "hard": 1}).val_acc == [0.75]
