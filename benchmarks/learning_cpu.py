@@ -1,6 +1,6 @@
 """ExGRPO vs on-policy GRPO: validation accuracy over training on the CPU toy task, several seeds per arm.
 
-    python benchmarks/learning_cpu.py [--out outputs/learning_cpu] [--seeds 1,2,3] [--arms grpo,exgrpo]
+    python benchmarks/learning_cpu.py [--out outputs/learning_cpu] [--seeds 1,2,3] [--arms grpo,exgrpo,...]
 
 The protocol is fixed here, before running (module constants below): both arms use the CPU demo's settings
 (``recipe.exgrpo.cpu_demo.DEMO_SETTINGS``: model, data, batch, K, learning rate, validation) with the same seeds;
@@ -44,7 +44,16 @@ from recipe.exgrpo.learning_curves import (  # noqa: E402
 )
 
 # ---- the protocol, fixed before running ------------------------------------------------------------------------
-ARMS = {"grpo": False, "exgrpo": True}  # name -> exgrpo.enable
+# name -> (exgrpo.enable, extra hydra overrides). The comparison is grpo vs exgrpo; the others are the recipe's
+# ablation switches, for the analysis in docs/learning.md (selected with --arms).
+ARMS: dict[str, tuple[bool, list[str]]] = {
+    "grpo": (False, []),
+    "exgrpo": (True, []),
+    "exgrpo_no_shaping": (True, ["exgrpo.shaping=none"]),  # replayed tokens weighted by the plain ratio w
+    "exgrpo_rho_0.25": (True, ["exgrpo.replay_ratio=0.25"]),  # a quarter of each batch replayed instead of half
+    "exgrpo_tau_0.5": (True, ["exgrpo.delayed_start_threshold=0.5"]),  # replay starts later
+}
+DEFAULT_ARMS = ("grpo", "exgrpo")
 SEEDS = (1, 2, 3)
 STEPS = DEMO_SETTINGS["steps"]
 # validation before training and every 10 steps (as the demo): all 384 questions, one sample each at T = 1
@@ -66,7 +75,8 @@ def run_one(arm: str, seed: int, out: Path, assets, fresh: bool) -> dict:
         run_dir,
         steps=STEPS,
         seed=seed,
-        exgrpo_enable=ARMS[arm],
+        exgrpo_enable=ARMS[arm][0],
+        extra_overrides=list(ARMS[arm][1]),
         test_freq=TEST_FREQ,
         val_before_train=True,
         wall_limit_s=WALL_LIMIT_S,
@@ -97,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "learning_cpu"))
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default: 1,2,3)")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of grpo,exgrpo")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
     parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -127,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         f"steps; settings: {settings}; assets {assets.root.name}; commit {_git_commit()}; "
         f"{platform.node() or 'host'} ({platform.processor() or platform.machine()}, "
         f"{len(__import__('os').sched_getaffinity(0))} cores)\n\n"
+    )
+    header += (
+        "arms: "
+        + "; ".join(f"{arm} = exgrpo.enable={ARMS[arm][0]}" + "".join(f" {o}" for o in ARMS[arm][1]) for arm in arms)
+        + "\n\n"
     )
     table = markdown_table(summaries, TARGET_ACCURACY)
     (out / "learning_cpu.md").write_text(header + table)
