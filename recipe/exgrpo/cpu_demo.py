@@ -8,8 +8,8 @@ every metric to ``<out>/metrics.jsonl``), and ends with a summary and a PNG lear
 accuracy per difficulty, batch pass rate, pool size, replayed share).
 
 The same functions drive the e2e tests and the CPU benchmarks (``benchmarks/learning_cpu.py``,
-``benchmarks/exgrpo_vs_grpo_cpu.py``). The defaults of :class:`ExGRPOCpuRun` are the demo's settings; how they
-were chosen and what they give is in docs/learning.md.
+``benchmarks/exgrpo_vs_grpo_cpu.py``). The demo's settings are :data:`DEMO_SETTINGS`; how they were chosen and
+what they give is in docs/learning.md.
 """
 
 from __future__ import annotations
