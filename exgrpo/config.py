@@ -23,15 +23,17 @@ from typing import Any
 
 __all__ = ["ConfigError", "ExGRPOConfig"]
 
-#: Allowed values of the string switches that no registry defines (the registries of bucket weightings and
-#: trajectory metrics are consulted at validation time, so a newly registered one is accepted automatically).
+#: Allowed values of the string switches that no registry defines (the registries of bucket weightings,
+#: trajectory metrics and shapings are consulted at validation time, so a newly registered one is accepted
+#: automatically).
 ZERO_SUCCESS_CHOICES = ("bucket0", "keep")
 COLLECT_FROM_CHOICES = ("start", "mixed")
 POOL_STORAGE_CHOICES = ("arena", "per_entry")
 RESUME_POOL_CHOICES = ("required", "empty")
 TRAJECTORY_MODE_CHOICES = ("min", "max")
-SHAPING_CHOICES = ("policy_shaping", "none")
+#: exgrpo.fresh_clip: the PPO clip on fresh tokens before the delayed start only (released), always, or never.
 FRESH_CLIP_CHOICES = ("released", "always", "never")
+#: exgrpo.loss_scale: verl's global normaliser (ours) or each data-parallel rank's token sum / L_max (released).
 LOSS_SCALE_CHOICES = ("global", "per_rank")
 
 #: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
@@ -105,7 +107,8 @@ class ExGRPOConfig:
     enable: bool = True
     #: Rollout group size K (filled by the trainer; validated >= 2).
     k: int | None = None
-    #: Seed of every random choice the experience manager makes (sampler, random selection).
+    #: Seed of every random choice the experience manager makes (the question draw, the 'random' trajectory
+    #: choice, the re-added retired questions). Default 0; verl's own seeds (data.seed, rollout seeds) are separate.
     seed: int = 0
     #: rho: share of the B questions of a mixed step that are replayed (n = floor(rho*B)), in [0, 1).
     replay_ratio: float = 0.5
@@ -314,7 +317,9 @@ class ExGRPOConfig:
             )
         _check_int(self.diversity_ngram, "diversity_ngram", lo=1)
 
-        _check_choice(self.shaping, "shaping", SHAPING_CHOICES)
+        from exgrpo.objective.shaping import SHAPING_REGISTRY
+
+        _check_choice(self.shaping, "shaping", tuple(SHAPING_REGISTRY))
         _check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)
         _check_bool(self.is_correction, "is_correction")
         _check_choice(self.fresh_clip, "fresh_clip", FRESH_CLIP_CHOICES)

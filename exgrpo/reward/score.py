@@ -70,22 +70,6 @@ class RewardResult:
     def correct(self) -> bool:
         return self.score > 0.5
 
-    def to_verl_dict(self) -> dict[str, float | str]:
-        """The dict verl's reward managers accept: ``score`` plus extra keys, the same keys for every response.
-
-        verl 0.9.1 logs numeric extra keys per data source in validation (mean@N etc.; ``acc`` is the core
-        metric) and uses the string ``pred`` for majority voting (maj@N).
-        """
-        return {
-            "score": float(self.score),
-            "acc": float(self.score),
-            "pred": self.pred,
-            "think_closed": float(self.think_closed),
-            "reward_error": float(self.outcome == "error"),
-            "reward_timeout": float(self.outcome == "timeout"),
-            "reward_queue_s": float(self.queue_s),
-        }
-
 
 _QUEUE_KEYS = ("queue_s_total", "queue_s_max", "queue_timeouts")
 

@@ -1,9 +1,12 @@
 """The actor loss installed in verl's FSDP workers: verl's ``ppo_loss`` contract, ExGRPO's mixed objective.
 
 verl's ``ActorRolloutRefWorker`` calls ``loss_fn(model_output=..., data=micro_batch, dp_group=...)`` once per
-micro-batch; the trainer installs ``partial(exgrpo_actor_loss, config=actor_config, settings=...)`` once, at
-start-up, through the worker group's ``set_loss_fn``. Each micro-batch carries every per-row tensor of the
-driver's batch, so the replay mask and the stored behaviour log-probs reach the loss intact.
+micro-batch; the trainer installs ``partial(exgrpo_actor_loss, config=actor_config,
+settings=LossSettings.from_config(exgrpo))`` once, at start-up, through the worker group's ``set_loss_fn``. Each
+call completes the settings with verl's actor values (``with_actor_config``: clip ε, dual-clip c, aggregation,
+L_max, entropy coefficient, read from the ``config`` verl passes, as its own ``ppo_loss`` does). Each
+micro-batch carries every per-row tensor of the driver's batch, so the replay mask and the stored behaviour
+log-probs reach the loss intact.
 
 The normalisers (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``) are passed
 through exactly as verl's ``ppo_loss`` does, so the loss scale does not depend on micro-batching or GPU count
@@ -14,13 +17,12 @@ each rank's token sum / L_max (``rank-token-sum-norm``), with the entropy bonus 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 from tensordict import TensorDict
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
-from exgrpo.objective import LOSS_METRIC_KINDS, RANK_SUM_NORM, mixed_policy_loss
+from exgrpo.objective import LOSS_METRIC_KINDS, LossSettings, Normalisers, mixed_policy_loss
 from recipe.exgrpo.mixed_batch import (
     BEHAVIOUR_LOG_PROBS_KEY,
     EXPERIENCE_GROUP_KEY,
@@ -32,43 +34,16 @@ from recipe.exgrpo.mixed_batch import (
 METRIC_PREFIX = "exgrpo/"
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """The ``exgrpo`` config keys the loss needs (a small, picklable value sent to every worker)."""
-
-    shaping: str = "policy_shaping"
-    shaping_beta: float = 0.1
-    is_correction: bool = True
-    fresh_clip: str = "released"
-    dual_clip: bool = False
-    weight_terms_by_ratio: bool = False
-    loss_scale: str = "global"
-    skip_grad_norm_above: float | None = None  # applied by the engine hook; the loss checks it is installed
-
-
-def loss_settings_from_config(cfg) -> LossSettings:
-    return LossSettings(
-        shaping=cfg.shaping,
-        shaping_beta=float(cfg.shaping_beta),
-        is_correction=bool(cfg.is_correction),
-        fresh_clip=cfg.fresh_clip,
-        dual_clip=bool(cfg.dual_clip),
-        weight_terms_by_ratio=bool(cfg.weight_terms_by_ratio),
-        loss_scale=cfg.loss_scale,
-        skip_grad_norm_above=None if cfg.skip_grad_norm_above is None else float(cfg.skip_grad_norm_above),
+def with_actor_config(settings: LossSettings, config) -> LossSettings:
+    """``settings`` with verl's actor values (``actor_rollout_ref.actor``, the ``config`` verl passes the loss)."""
+    return settings.with_actor(
+        loss_agg_mode=config.loss_agg_mode,
+        loss_scale_factor=config.loss_scale_factor,
+        clip_ratio_low=config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio,
+        clip_ratio_high=config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio,
+        clip_ratio_c=config.get("clip_ratio_c", 3.0),
+        entropy_coeff=float(config.entropy_coeff or 0.0),
     )
-
-
-def fresh_clip_on(fresh_clip: str, mixed: bool) -> bool:
-    """Whether fresh tokens get the PPO clip this step: ``released`` clips until mixed mode (the on-policy
-    baseline never enters it, so it keeps the clip), ``always`` clips, ``never`` does not."""
-    if fresh_clip == "always":
-        return True
-    if fresh_clip == "never":
-        return False
-    if fresh_clip == "released":
-        return not mixed
-    raise ValueError(f"exgrpo.fresh_clip must be released, always or never, got {fresh_clip!r}")
 
 
 ENGINES_MODULE = "recipe.exgrpo.engines"
@@ -137,40 +112,20 @@ def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, 
         replay_ratio = float(padded[RATIO_KEY].float().reshape(-1)[0].item())
         experience_group_mask = padded[EXPERIENCE_GROUP_KEY].bool().reshape(-1)
 
-    if settings.loss_scale == "per_rank":
-        # the released code: rank token sum / L_max; its entropy bonus is a token mean (verl's global one here)
-        if not config.loss_scale_factor:
-            raise ValueError("exgrpo.loss_scale=per_rank needs actor_rollout_ref.actor.loss_scale_factor (L_max)")
-        loss_agg_mode, entropy_agg_mode = RANK_SUM_NORM, "token-mean"
-    else:
-        loss_agg_mode, entropy_agg_mode = config.loss_agg_mode, None
-
-    entropy_coeff = float(config.entropy_coeff or 0.0)
+    settings = with_actor_config(settings, config)
     loss, raw_metrics = mixed_policy_loss(
-        log_prob=log_prob,
-        old_log_prob=padded["old_log_probs"],
-        behaviour_log_prob=padded[BEHAVIOUR_LOG_PROBS_KEY],
-        advantages=padded["advantages"],
-        response_mask=padded["response_mask"].bool(),
-        replay_mask=replay_mask,
-        loss_agg_mode=loss_agg_mode,
-        shaping=settings.shaping,
-        shaping_beta=settings.shaping_beta,
-        is_correction=settings.is_correction,
-        fresh_clip=fresh_clip_on(settings.fresh_clip, mixed),
-        clip_ratio_low=config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio,
-        clip_ratio_high=config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio,
-        clip_ratio_c=config.get("clip_ratio_c", 3.0) if settings.dual_clip else None,
-        loss_scale_factor=config.loss_scale_factor,
-        dp_size=dp_size,
-        global_token_count=batch_num_tokens,
-        global_seq_count=global_batch_size,
+        log_prob,
+        padded["old_log_probs"],
+        padded[BEHAVIOUR_LOG_PROBS_KEY],
+        padded["advantages"],
+        padded["response_mask"].bool(),
+        replay_mask,
+        settings,
+        mixed=mixed,
         replay_ratio=replay_ratio,
-        weight_terms=settings.weight_terms_by_ratio,
         experience_group_mask=experience_group_mask,
-        entropy=entropy if entropy_coeff != 0.0 else None,
-        entropy_coeff=entropy_coeff,
-        entropy_agg_mode=entropy_agg_mode,
+        entropy=entropy if settings.entropy_coeff != 0.0 else None,
+        normalisers=Normalisers(dp_size, batch_num_tokens, global_batch_size),
         metric_prefix=METRIC_PREFIX,
     )
     metrics = {}

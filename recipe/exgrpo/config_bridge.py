@@ -1,10 +1,36 @@
-"""Hydra ``exgrpo:`` block → the core's validated ``ExGRPOConfig`` (K is taken from ``rollout.n``)."""
+"""The hydra config → the core's validated ``ExGRPOConfig`` (K from ``rollout.n``), and the verl settings the
+recipe does not honour, rejected before Ray starts (``main_exgrpo.prepare_config`` and the dry run call both)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from exgrpo.config import ConfigError, ExGRPOConfig
+
+__all__ = [
+    "UNSUPPORTED_VERL_SETTINGS",
+    "StartupConfigError",
+    "check_startup_config",
+    "exgrpo_config_from_hydra",
+    "verl_setting_problems",
+]
+
+
+class StartupConfigError(ConfigError):
+    """Problems of the launch config found before Ray starts: verl settings the recipe does not honour and the
+    ``exgrpo`` block's own problems, all listed together (``problems``: one line each, naming the key)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(problems)
+        if len(self.problems) > 1:
+            self.args = (
+                f"{len(self.problems)} problems in the config:\n"
+                + "\n".join(f"  {i}. {p}" for i, p in enumerate(self.problems, 1)),
+            )
 
 
 def exgrpo_config_from_hydra(config) -> ExGRPOConfig:
@@ -13,7 +39,13 @@ def exgrpo_config_from_hydra(config) -> ExGRPOConfig:
     if block is None:
         raise ValueError("the config has no `exgrpo:` block: use recipe/exgrpo/config/exgrpo_trainer.yaml")
     k = int(config.actor_rollout_ref.rollout.n)
-    cfg = ExGRPOConfig.from_dict(OmegaConf.to_container(block, resolve=True), k=k)
+    d = OmegaConf.to_container(block, resolve=True)
+    if isinstance(d, dict) and d.get("k") is not None and d["k"] != k:
+        raise ConfigError(
+            f"exgrpo.k={d['k']!r} disagrees with actor_rollout_ref.rollout.n={k}: K is the rollout group size and "
+            "is taken from actor_rollout_ref.rollout.n; set that and remove exgrpo.k"
+        )
+    cfg = ExGRPOConfig.from_dict(d, k=k)
     check_against_actor_config(cfg, config.actor_rollout_ref.actor)
     return cfg
 
@@ -34,3 +66,163 @@ def check_against_actor_config(cfg: ExGRPOConfig, actor) -> None:
                 "exgrpo.loss_scale=per_rank divides by the constant L_max: set actor_rollout_ref.actor."
                 f"loss_scale_factor to the maximum response length, e.g. 8192 (got {scale!r})"
             )
+
+
+# ------------------------------------------------------------------------------------------------ verl settings
+@dataclass(frozen=True)
+class UnsupportedSetting:
+    """A verl key whose other values the recipe would silently ignore: ``allowed(value)`` says which it honours."""
+
+    key: str
+    allowed: Callable[[Any], bool]
+    #: what the recipe does instead, and what to set
+    why: str
+    #: (optional) the recipe only ignores the value under this condition on the whole config
+    applies: Callable[[Any], bool] = lambda config: True
+
+
+def _off(value: Any) -> bool:
+    return value is None or value is False
+
+
+def _zero(value: Any) -> bool:
+    return value is None or value == 0
+
+
+#: Every verl setting that RayExGRPOTrainer does not honour beyond the values listed (docs/trainer.md, "verl
+#: settings the recipe does not use"). The trainer computes advantages and runs its step itself, so verl's code
+#: paths that read these keys never run: a different value would be accepted and do nothing.
+UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
+    UnsupportedSetting(
+        "trainer.use_v1",
+        _off,
+        "the recipe's RayExGRPOTrainer subclasses verl's legacy RayPPOTrainer; set trainer.use_v1=false (the default "
+        "of config/exgrpo_trainer.yaml)",
+    ),
+    UnsupportedSetting(
+        "algorithm.adv_estimator",
+        lambda v: str(v) == "grpo",
+        "the trainer always computes group-relative advantages itself on the mixed groups (docs/algorithm.md §7, "
+        "exgrpo.advantage) and never calls verl's estimators; set algorithm.adv_estimator=grpo (std division: "
+        "algorithm.norm_adv_by_std_in_grpo, honoured)",
+    ),
+    UnsupportedSetting(
+        "algorithm.use_kl_in_reward",
+        _off,
+        "there is no reference model and the reward gets no KL penalty (docs/algorithm.md §8); set "
+        "algorithm.use_kl_in_reward=false",
+    ),
+    UnsupportedSetting(
+        "actor_rollout_ref.actor.use_kl_loss",
+        _off,
+        "the mixed objective (exgrpo.objective) has no KL term and no reference log-probs are computed; set "
+        "actor_rollout_ref.actor.use_kl_loss=false",
+    ),
+    UnsupportedSetting(
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        lambda v: v is None or str(v) == "vanilla",
+        "the recipe installs its own actor loss (recipe/exgrpo/actor_loss.py: the fresh term is vanilla's PPO clip, "
+        "switched by exgrpo.fresh_clip / exgrpo.dual_clip), so verl's policy losses never run; set "
+        "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+    ),
+    UnsupportedSetting(
+        "actor_rollout_ref.actor.clip_ratio_c",
+        lambda v: v is None or float(v) == 3.0,
+        "the dual clip is off unless exgrpo.dual_clip=true (the released code has none), so clip_ratio_c does "
+        "nothing; set exgrpo.dual_clip=true to use it, or leave actor_rollout_ref.actor.clip_ratio_c at 3.0",
+        applies=lambda config: not bool(OmegaConf.select(config, "exgrpo.dual_clip", default=False)),
+    ),
+    UnsupportedSetting(
+        "algorithm.rollout_correction.rollout_is",
+        lambda v: v is None,
+        "the trainer applies no rollout-correction weights (replayed tokens are corrected by exgrpo.is_correction); "
+        "set algorithm.rollout_correction.rollout_is=null",
+    ),
+    UnsupportedSetting(
+        "algorithm.rollout_correction.rollout_rs",
+        lambda v: v is None,
+        "the trainer applies no rollout rejection sampling; set algorithm.rollout_correction.rollout_rs=null",
+    ),
+    UnsupportedSetting(
+        "algorithm.rollout_correction.bypass_mode",
+        _off,
+        "the trainer always recomputes the old log-probs (its one pass also selects the replayed trajectories); set "
+        "algorithm.rollout_correction.bypass_mode=false",
+    ),
+    UnsupportedSetting(
+        "algorithm.use_pf_ppo",
+        _off,
+        "the trainer does not reweight the batch (PF-PPO); set algorithm.use_pf_ppo=false",
+    ),
+    UnsupportedSetting(
+        "critic.enable",
+        _off,
+        "ExGRPO trains no critic (group-relative advantages); set critic.enable=false or leave it null",
+    ),
+    UnsupportedSetting(
+        "trainer.critic_warmup",
+        _zero,
+        "there is no critic to warm up and the trainer updates the actor from step 1; set trainer.critic_warmup=0",
+    ),
+    UnsupportedSetting(
+        "reward.reward_model.enable",
+        _off,
+        "the recipe trains on the verifiable math-verify reward (docs/algorithm.md §10) and its trainer runs no "
+        "reward model; set reward.reward_model.enable=false",
+    ),
+    UnsupportedSetting(
+        "distillation.enabled",
+        _off,
+        "the trainer runs no teacher model; set distillation.enabled=false",
+    ),
+    UnsupportedSetting(
+        "actor_rollout_ref.rollout.multi_turn.enable",
+        _off,
+        "replay stores and re-trains single-turn responses (tool turns would not be reproduced); set "
+        "actor_rollout_ref.rollout.multi_turn.enable=false",
+    ),
+    UnsupportedSetting(
+        "trainer.rollout_data_dir",
+        lambda v: v is None,
+        "the trainer does not dump generations (exgrpo_trace.jsonl records each step's replayed and fresh "
+        "questions); remove trainer.rollout_data_dir",
+    ),
+    UnsupportedSetting(
+        "global_profiler.steps",
+        lambda v: v is None or len(v) == 0,
+        "the trainer does not drive verl's step profiler; set global_profiler.steps=null",
+    ),
+)
+
+_ABSENT = object()
+
+
+def verl_setting_problems(config) -> list[str]:
+    """One line per verl setting in ``config`` that the recipe would silently ignore: key, value, what to do."""
+    problems = []
+    for setting in UNSUPPORTED_VERL_SETTINGS:
+        value = OmegaConf.select(config, setting.key, default=_ABSENT)
+        if value is _ABSENT or not setting.applies(config):
+            continue
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        try:
+            allowed = setting.allowed(value)
+        except (TypeError, ValueError):  # a value of the wrong type is not an allowed one either
+            allowed = False
+        if not allowed:
+            problems.append(f"{setting.key}={value!r} is not supported by the ExGRPO recipe: {setting.why}")
+    return problems
+
+
+def check_startup_config(config) -> ExGRPOConfig:
+    """The validated ``exgrpo`` block of a launch config; raises one :class:`StartupConfigError` listing every
+    unsupported verl setting and every problem of the block."""
+    problems = verl_setting_problems(config)
+    try:
+        exgrpo = exgrpo_config_from_hydra(config)
+    except ConfigError as e:
+        raise StartupConfigError(problems + e.problems) from None
+    if problems:
+        raise StartupConfigError(problems)
+    return exgrpo

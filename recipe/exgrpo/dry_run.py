@@ -9,8 +9,9 @@ every check that needs neither GPUs, Ray, a model nor the data:
 1. hydra itself: override syntax, unknown keys (hydra's struct mode), with a did-you-mean found here;
 2. keys added with ``+``/``++`` outside the maps that take free keys (a typo there is silently ignored by verl);
 3. value types against the defaults (``trainer.n_gpus_per_node=eight``) and ranges of launch-critical verl keys;
-4. the entry point's own start-up: ``main_exgrpo.prepare_config`` (recipe defaults + the ``exgrpo`` block through
-   ``ExGRPOConfig``) and verl's ``validate_config``, as ``main_exgrpo.main`` runs them;
+4. the entry point's own start-up: ``main_exgrpo.prepare_config`` (recipe defaults, the ``exgrpo`` block through
+   ``ExGRPOConfig``, the verl settings the recipe would ignore) and verl's ``validate_config``, as
+   ``main_exgrpo.main`` runs them;
 5. what verl only checks after Ray has started: the rollout and algorithm dataclasses, the custom reward function
    and dataset class can be loaded, ``reward_kwargs`` are parameters of the recipe's reward, the GPUs split into
    whole vLLM replicas, the dynamic-batch token budgets hold one full sequence, every interpolation resolves;
@@ -368,8 +369,8 @@ def run_entry_point_checks(config: DictConfig) -> tuple[Any, list[str]]:
         try:
             prepare_config(config)
             exgrpo = exgrpo_config_from_hydra(config)
-        except ConfigError as e:
-            return None, [str(e)]
+        except ConfigError as e:  # every problem of the exgrpo block and every unsupported verl setting
+            return None, list(e.problems)
         except Exception as e:  # prepare_config's own checks (use_v1, CPU backend) raise ValueError with the key
             return None, [_error_text(e)]
         try:

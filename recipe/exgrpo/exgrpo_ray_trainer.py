@@ -1,18 +1,22 @@
 """``RayExGRPOTrainer``: verl's ``RayPPOTrainer`` with ExGRPO's experience replay (docs/algorithm.md).
 
-One step (docs/trainer.md has the details):
-1. replayed questions drawn from the pool's buckets (after the delayed start) with their candidate stored
-   trajectories; fresh prompts (leftovers first, then the data loader; retired questions skipped);
-2. generation: K samples per fresh prompt, K−1 per replayed prompt; then the rollout replicas sleep;
-3. ONE old-log-prob pass of the actor over the generated rows AND every candidate trajectory (each as a row
-   of its question's group: same uid and prompt, stored response ids and behaviour log-probs) — the per-token
-   entropies of the candidates select each replayed question's trajectory (the core's selector), whose row
-   becomes the replayed member with its old log-probs from this same pass; the other candidates are dropped.
-   Nothing runs on the actor while the rollout is awake (colocated GPU memory), and a step makes exactly as
-   many actor forward calls as a GRPO step;
-4. reward of the replayed members → group-relative advantages on the mixed groups → actor update with the
-   mixed loss (installed once at start-up) → collection into the pool, retirement, delayed-start check →
-   metrics → checkpoint (pool inside ``global_step_N/exgrpo``).
+``fit`` runs one step as a sequence of stages, one method each (docs/trainer.md, "One step"):
+
+1. ``_draw_questions``: replayed questions drawn from the pool's buckets (after the delayed start) with their
+   candidate stored trajectories, and fresh prompts (leftovers first, then the data loader; retired skipped);
+2. ``_generate``: K samples per fresh prompt, K−1 per replayed one (``generation.generate_with_counts``); then
+   the rollout replicas sleep;
+3. ``_score_and_select``: ONE old-log-prob pass of the actor over the generated rows AND every candidate
+   trajectory (each a row of its question's group); the candidates' per-token entropies select each replayed
+   question's trajectory (the core's selector), whose row becomes the replayed member with its old log-probs
+   from this same pass; the other candidates are dropped and the replayed members are re-scored. Nothing runs
+   on the actor while the rollout is awake, and a step makes as many actor forward calls as a GRPO step;
+4. ``_prepare_update``: the per-row step fields the loss reads (mixed mode, replay groups, ρ) and the dp balance;
+5. ``_rewards_and_advantages``: group-relative advantages on the mixed groups (``exgrpo.advantage``);
+6. ``_update_policy``: verl's actor update with the mixed loss (installed once at start-up);
+7. ``_collect_and_schedule``: collection into the pool, retirement, the delayed-start check;
+8. ``_save_and_sync``: checkpoint on its cadence (pool inside ``global_step_N/exgrpo``), weights to the rollout;
+   then ``_validate_on_cadence`` and ``_step_metrics``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 from verl import DataProto
-from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import pad_dataproto_to_divisor
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
@@ -39,19 +43,20 @@ from verl.utils.metric import reduce_metrics
 
 from exgrpo.advantage import group_relative_advantages, token_level_advantages
 from exgrpo.experience.manager import ExperienceManager, ReplayPlan
-from exgrpo.experience.pool import GroupMember
 from exgrpo.fresh_prompts import FreshPromptFilter
+from exgrpo.objective import LossSettings
 from exgrpo.schedule import batch_pass_rate
-from recipe.exgrpo.actor_loss import exgrpo_actor_loss, loss_settings_from_config
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
+from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
 from recipe.exgrpo.mixed_batch import (
-    BEHAVIOUR_LOG_PROBS_KEY,
     CANDIDATE_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,
     append_candidates,
     candidate_token_stats,
+    collection_groups,
     generation_counts,
     keep_selected,
     mark_fresh,
@@ -162,7 +167,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         from verl.utils.config import omega_conf_to_dataclass
 
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=loss_settings_from_config(self.exgrpo))
+        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=LossSettings.from_config(self.exgrpo))
         self.actor_rollout_wg.set_loss_fn(loss_fn)
         # Count every actor forward call (the old-log-prob pass, and any other caller): a step must make as many
         # as a GRPO step (logged as exgrpo/actor_log_prob_calls).
@@ -303,7 +308,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         (fresh rows first, then one row per replayed question), the number of fresh rows and the replay plan."""
         b = self.questions_per_step
         plan = ReplayPlan([], [])
-        if self.exgrpo.enable and self.experience.mixed:
+        if self._replaying:
             with marked_timer("exgrpo_sample", timing_raw):
                 plan = self.experience.plan_replay(
                     b, self.global_steps, max_response_length=int(self.config.data.max_response_length)
@@ -326,23 +331,17 @@ class RayExGRPOTrainer(RayPPOTrainer):
         return batch, len(fresh_rows), plan
 
     def _generate(self, batch: DataProto, counts: np.ndarray, timing_raw: dict) -> DataProto:
-        """``counts[i]`` samples of prompt i; the rollout replicas are asleep when this returns."""
+        """``counts[i]`` samples of prompt i (``generate_with_counts``); the rollout replicas are asleep when this
+        returns. Returns the prompt rows repeated by ``counts`` with their generated responses."""
         gen_batch = self._get_gen_batch(batch)
         # _get_gen_batch moves every non-reward key to the generation batch; keep ours on the batch too
         for key in (QUESTION_ID_KEY, ROW_KEY):
             batch.non_tensor_batch[key] = gen_batch.non_tensor_batch[key]
         gen_batch.meta_info["global_steps"] = self.global_steps
-        gen_batch = gen_batch.sample_level_repeat(counts)
-        # verl's agent-loop manager splits the rows evenly across its workers: pad, then drop the padding
-        gen_batch, gen_pad = pad_dataproto_to_divisor(
-            gen_batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers)
-        )
         with marked_timer("gen", timing_raw, color="red"):
-            gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
-            self.checkpoint_manager.sleep_replicas()
-            timing_raw.update(gen_output.meta_info.pop("timing", {}))
-        gen_output = unpad_dataproto(gen_output, pad_size=gen_pad)
-        batch = batch.sample_level_repeat(counts).union(gen_output)
+            gen_output = generate_with_counts(self, gen_batch, counts)
+        timing_raw.update(gen_output.meta_info.pop("timing", {}))
+        batch = expand_by_counts(batch, counts).union(gen_output)
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
         return batch
@@ -419,25 +418,118 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 column[rows.numpy()] = value
                 batch.non_tensor_batch[key] = column
 
-    def _collect(self, batch: DataProto, metrics: dict) -> None:
-        """Collection (docs/algorithm.md §3): per group, the members' rewards, response ids and behaviour log-probs."""
-        scores = batch.batch["token_level_scores"].sum(-1).numpy()
-        responses = batch.batch["responses"].numpy()
-        resp_mask = batch.batch["response_mask"].bool().numpy()
-        old_lp = batch.batch["old_log_probs"].float().numpy()
-        is_replay = batch.batch[IS_REPLAY_KEY].numpy()
-        behaviour = batch.batch[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
-        qids = batch.non_tensor_batch[QUESTION_ID_KEY]
-        # one group per question and step: a question is never both replayed and fresh, nor drawn twice
-        members_by_question: dict[str, list[GroupMember]] = {}
-        for i in range(len(batch)):
-            qid = str(qids[i])
-            m = resp_mask[i]
-            lp = behaviour[i][m] if is_replay[i] else old_lp[i][m]
-            members_by_question.setdefault(qid, []).append(
-                GroupMember(responses[i][m], lp, float(scores[i]), bool(is_replay[i]))
+    def _prepare_update(self, batch: DataProto, mixed: bool, metrics: dict) -> None:
+        """The per-row fields of the step that travel with every micro-batch to the loss, and the dp balance."""
+        batch.batch[MIXED_KEY] = torch.full((len(batch),), mixed, dtype=torch.bool)
+        # rows of replay groups + this step's scheduled ρ: the Eq. 4 term weights (exgrpo.weight_terms_by_ratio)
+        mark_replay_groups(batch, self.experience.schedule.replay_ratio(self.global_steps) if mixed else 0.0)
+        if self.config.trainer.balance_batch:  # for the update (the pass balanced its own rows)
+            self._balance_batch(batch, metrics=metrics)
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch.meta_info["images_seqlens"] = []
+
+    def _rewards_and_advantages(self, batch: DataProto, timing_raw: dict) -> np.ndarray:
+        """Every member's reward (generated rows: scored by verl's reward loop during generation; replayed
+        members: re-scored in ``_score_and_select``) and the group-relative advantages of the mixed groups
+        (docs/algorithm.md §7). Returns the per-row scores."""
+        with marked_timer("reward", timing_raw, color="yellow"):
+            reward_tensor, reward_extra_infos = extract_reward(batch)
+        with marked_timer("adv", timing_raw, color="brown"):
+            batch.batch["token_level_scores"] = reward_tensor
+            batch.batch["token_level_rewards"] = reward_tensor  # no KL in the reward (no reference model)
+            if reward_extra_infos:
+                batch.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra_infos.items()})
+            scores = reward_tensor.sum(-1).numpy()
+            adv = group_relative_advantages(
+                scores,
+                batch.non_tensor_batch["uid"],
+                norm_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
             )
-        metrics.update(self.experience.collect(self.global_steps, members_by_question))
+            adv_t = token_level_advantages(adv, batch.batch["response_mask"])
+            batch.batch["advantages"] = adv_t
+            batch.batch["returns"] = adv_t
+        return scores
+
+    def _update_policy(self, batch: DataProto, metrics: dict, timing_raw: dict) -> None:
+        """verl's actor update; the mixed loss was installed in every worker at start-up (``init_workers``)."""
+        with marked_timer("update_actor", timing_raw, color="red"):
+            actor_output = self._update_actor(batch)
+        metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+
+    def _collect_and_schedule(self, batch: DataProto, scores: np.ndarray, metrics: dict, timing_raw: dict) -> float:
+        """Collection into the pool and retirement (docs/algorithm.md §3), then the delayed-start check on the
+        batch pass rate (§9) and the re-add ablation. Returns the batch pass rate."""
+        with marked_timer("exgrpo_collect", timing_raw):
+            if self.exgrpo.enable:
+                metrics.update(self.experience.collect(self.global_steps, collection_groups(batch)))
+            pass_rate = batch_pass_rate(scores)
+            metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
+            self.experience.observe_pass_rate(pass_rate, self.global_steps)
+            self.experience.readd_retired(self.global_steps)
+        return pass_rate
+
+    def _save_and_sync(self, is_last_step: bool, timing_raw: dict) -> None:
+        """A checkpoint every ``trainer.save_freq`` steps and at the last one, then the new weights to the rollout."""
+        save_freq = self.config.trainer.save_freq
+        if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
+            with marked_timer("save_checkpoint", timing_raw, color="green"):
+                self._save_checkpoint()
+        with marked_timer("update_weights", timing_raw, color="red"):
+            self.checkpoint_manager.update_weights(self.global_steps)
+
+    def _validate_on_cadence(self, is_last_step: bool, timing_raw: dict) -> dict | None:
+        """verl's validation every ``trainer.test_freq`` steps and at the last one; None when not due."""
+        test_freq = self.config.trainer.test_freq
+        if not (test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0)):
+            return None
+        with marked_timer("testing", timing_raw, color="green"):
+            return self._validate()
+
+    def _step_metrics(
+        self,
+        batch: DataProto,
+        plan: ReplayPlan,
+        num_fresh: int,
+        mixed: bool,
+        pass_rate: float,
+        actor_calls: int,
+        timing_raw: dict,
+    ) -> dict:
+        """The step's metrics beyond those its stages logged: pool and schedule state, the step's draw, verl's
+        data, timing and throughput figures (docs/trainer.md, "Metrics")."""
+        metrics = dict(self.experience.metrics(self.global_steps))
+        metrics["exgrpo/batch_pass_rate"] = pass_rate
+        metrics["exgrpo/actor_log_prob_calls"] = actor_calls
+        metrics["exgrpo/replayed_questions"] = len(plan)
+        metrics["exgrpo/fresh_questions"] = num_fresh
+        metrics["exgrpo/mixed"] = float(mixed)
+        metrics["exgrpo/loader_epoch"] = self.loader_epoch
+        metrics.update({"training/global_step": self.global_steps, "training/epoch": self.loader_epoch})
+        metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+        n_gpus = self.resource_pool_manager.get_n_gpus()
+        metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus))
+        return metrics
+
+    @property
+    def _replaying(self) -> bool:
+        """Replay is on for this step: ExGRPO is enabled and the delayed start has happened."""
+        return bool(self.exgrpo.enable and self.experience.mixed)
+
+    # ------------------------------------------------------------------ the loop
+    def _start(self, logger) -> bool:
+        """Resume (verl's state and the pool), push the weights to the rollout, validate before training.
+        False when ``trainer.val_only`` asks for nothing more."""
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.checkpoint_manager.update_weights(self.global_steps)
+        if self.config.trainer.get("val_before_train", True):
+            val_metrics = self._validate()
+            pprint(f"Initial validation metrics: {val_metrics}")
+            logger.log(data=val_metrics, step=self.global_steps)
+            if self.config.trainer.get("val_only", False):
+                return False
+        return True
 
     def fit(self):
         from verl.utils.tracking import Tracking
@@ -448,17 +540,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
             default_backend=self.config.trainer.logger,
             config=OmegaConf.to_container(self.config, resolve=True),
         )
-        self.global_steps = 0
-        self._load_checkpoint()
-        self.checkpoint_manager.update_weights(self.global_steps)
-
-        if self.config.trainer.get("val_before_train", True):
-            val_metrics = self._validate()
-            pprint(f"Initial validation metrics: {val_metrics}")
-            logger.log(data=val_metrics, step=self.global_steps)
-            if self.config.trainer.get("val_only", False):
-                return
-
+        if not self._start(logger):
+            return
         progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="ExGRPO training")
         self.global_steps += 1
         last_val_metrics = None
@@ -467,83 +550,27 @@ class RayExGRPOTrainer(RayPPOTrainer):
             timing_raw: dict = {}
             is_last_step = self.global_steps >= self.total_training_steps
             calls_before = self.actor_log_prob_calls
+            mixed = self._replaying
             with marked_timer("step", timing_raw):
                 batch, num_fresh, plan = self._draw_questions(metrics, timing_raw)
                 counts = generation_counts(num_fresh, len(plan), self.k)
                 batch = self._generate(batch, counts, timing_raw)
-                mixed = bool(self.exgrpo.enable and self.experience.mixed)
                 batch = self._score_and_select(batch, counts, num_fresh, plan, metrics, timing_raw)
                 metrics.update(rollout_actor_agreement(batch))
                 self._trace(self._step_trace)
-                n_rows = len(batch)
-                batch.batch[MIXED_KEY] = torch.full((n_rows,), mixed, dtype=torch.bool)
-                # rows of replay groups + this step's scheduled ρ: the Eq. 4 term weights (exgrpo.weight_terms_by_ratio)
-                mark_replay_groups(batch, self.experience.schedule.replay_ratio(self.global_steps) if mixed else 0.0)
+                self._prepare_update(batch, mixed, metrics)
+                scores = self._rewards_and_advantages(batch, timing_raw)
+                self._update_policy(batch, metrics, timing_raw)
+                pass_rate = self._collect_and_schedule(batch, scores, metrics, timing_raw)
+                self._save_and_sync(is_last_step, timing_raw)
 
-                if self.config.trainer.balance_batch:  # for the update (the pass balanced its own rows)
-                    self._balance_batch(batch, metrics=metrics)
-                batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
-                batch.meta_info["images_seqlens"] = []
-
-                with marked_timer("reward", timing_raw, color="yellow"):
-                    reward_tensor, reward_extra_infos = extract_reward(batch)
-
-                with marked_timer("adv", timing_raw, color="brown"):
-                    batch.batch["token_level_scores"] = reward_tensor
-                    batch.batch["token_level_rewards"] = reward_tensor
-                    if reward_extra_infos:
-                        batch.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra_infos.items()})
-                    scores = reward_tensor.sum(-1).numpy()
-                    adv = group_relative_advantages(
-                        scores,
-                        batch.non_tensor_batch["uid"],
-                        norm_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
-                    )
-                    adv_t = token_level_advantages(adv, batch.batch["response_mask"])
-                    batch.batch["advantages"] = adv_t
-                    batch.batch["returns"] = adv_t
-
-                with marked_timer("update_actor", timing_raw, color="red"):
-                    actor_output = self._update_actor(batch)
-                metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
-
-                with marked_timer("exgrpo_collect", timing_raw):
-                    if self.exgrpo.enable:
-                        self._collect(batch, metrics)
-                    pass_rate = batch_pass_rate(scores)
-                    metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
-                    self.experience.observe_pass_rate(pass_rate, self.global_steps)
-                    self.experience.readd_retired(self.global_steps)
-
-                if self.config.trainer.save_freq > 0 and (
-                    is_last_step or self.global_steps % self.config.trainer.save_freq == 0
-                ):
-                    with marked_timer("save_checkpoint", timing_raw, color="green"):
-                        self._save_checkpoint()
-                with marked_timer("update_weights", timing_raw, color="red"):
-                    self.checkpoint_manager.update_weights(self.global_steps)
-
-            if self.config.trainer.test_freq > 0 and (
-                is_last_step or self.global_steps % self.config.trainer.test_freq == 0
-            ):
-                with marked_timer("testing", timing_raw, color="green"):
-                    val_metrics = self._validate()
-                    if is_last_step:
-                        last_val_metrics = val_metrics
+            val_metrics = self._validate_on_cadence(is_last_step, timing_raw)
+            if val_metrics is not None:
                 metrics.update(val_metrics)
-
-            metrics.update(self.experience.metrics(self.global_steps))
-            metrics["exgrpo/batch_pass_rate"] = pass_rate
-            metrics["exgrpo/actor_log_prob_calls"] = self.actor_log_prob_calls - calls_before
-            metrics["exgrpo/replayed_questions"] = len(plan)
-            metrics["exgrpo/fresh_questions"] = num_fresh
-            metrics["exgrpo/mixed"] = float(mixed)
-            metrics["exgrpo/loader_epoch"] = self.loader_epoch
-            metrics.update({"training/global_step": self.global_steps, "training/epoch": self.loader_epoch})
-            metrics.update(compute_data_metrics(batch=batch, use_critic=False))
-            metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
-            n_gpus = self.resource_pool_manager.get_n_gpus()
-            metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus))
+                if is_last_step:
+                    last_val_metrics = val_metrics
+            actor_calls = self.actor_log_prob_calls - calls_before
+            metrics.update(self._step_metrics(batch, plan, num_fresh, mixed, pass_rate, actor_calls, timing_raw))
             logger.log(data=metrics, step=self.global_steps)
             progress_bar.update(1)
             self.global_steps += 1

@@ -1,7 +1,9 @@
 """Entry point of the ExGRPO recipe: ``python -m recipe.exgrpo.main_exgrpo [hydra overrides]``.
 
 The config is verl's ``ppo_trainer`` plus one ``exgrpo:`` block (config/exgrpo_trainer.yaml). The block is
-validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range.
+validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range; so are
+the verl settings the recipe would otherwise accept and ignore (``algorithm.adv_estimator``, ``use_kl_loss``, ...:
+``recipe/exgrpo/config_bridge.py``, docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ RECIPE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def prepare_config(config) -> None:
-    """Fill the recipe's defaults that depend on where it is installed, and validate the ``exgrpo`` block."""
-    from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
+    """Fill the recipe's defaults that depend on where it is installed, validate the ``exgrpo`` block and reject
+    the verl settings the recipe would silently ignore (``config_bridge.UNSUPPORTED_VERL_SETTINGS``)."""
+    from recipe.exgrpo.config_bridge import check_startup_config
 
     with open_dict(config):
         if not config.reward.custom_reward_function.get("path"):
@@ -33,12 +36,7 @@ def prepare_config(config) -> None:
         if not config.data.custom_cls.get("path"):
             config.data.custom_cls.path = os.path.join(RECIPE_DIR, "dataset.py")
             config.data.custom_cls.name = "ExGRPODataset"
-    if config.trainer.get("use_v1", False):
-        raise ValueError(
-            "trainer.use_v1=True: the ExGRPO recipe runs on verl's RayPPOTrainer; set trainer.use_v1=False "
-            "(the default of config/exgrpo_trainer.yaml)"
-        )
-    exgrpo = exgrpo_config_from_hydra(config)  # raises with the bad key named
+    exgrpo = check_startup_config(config)  # raises naming every bad key, verl's and exgrpo's
     install_worker_env(config, exgrpo.skip_grad_norm_above)
     from recipe.exgrpo.cpu_guard import check_device_config
 
@@ -70,6 +68,45 @@ def install_worker_env(config, skip_grad_norm_above: float | None) -> None:
             runtime_env.env_vars[key] = value
 
 
+def build_trainer(runner: BaseTaskRunner, config, trainer_cls):
+    """``trainer_cls`` built as verl's task runner builds its trainer: worker roles and resource pools on
+    ``runner``, verl's config check, tokenizer, datasets and sampler. ``config`` must be resolved; the workers are
+    not started (``trainer.init_workers()``)."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.workers.config import HFModelConfig
+
+    _, ray_worker_group_cls = runner.add_actor_rollout_worker(config)
+    runner.add_critic_worker(config)
+    runner.add_reward_model_resource_pool(config)
+    runner.add_teacher_model_resource_pool(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+
+    model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+    tokenizer, processor = model_config.tokenizer, model_config.processor
+    resource_pool_manager = runner.init_resource_pool_mgr(config)
+    train_dataset = create_rl_dataset(
+        config.data.train_files, config.data, tokenizer, processor, is_train=True,
+        max_samples=config.data.get("train_max_samples", -1),
+    )
+    val_dataset = create_rl_dataset(
+        config.data.val_files, config.data, tokenizer, processor, is_train=False,
+        max_samples=config.data.get("val_max_samples", -1),
+    )
+    return trainer_cls(
+        config=config,
+        tokenizer=tokenizer,
+        processor=processor,
+        role_worker_mapping=runner.role_worker_mapping,
+        resource_pool_manager=resource_pool_manager,
+        ray_worker_group_cls=ray_worker_group_cls,
+        train_dataset=train_dataset,
+        val_dataset=val_dataset,
+        collate_fn=collate_fn,
+        train_sampler=create_rl_sampler(config.data, train_dataset),
+    )
+
+
 @ray.remote
 class ExGRPOTaskRunner(BaseTaskRunner):
     """verl's legacy task runner, building a ``RayExGRPOTrainer`` on ``ExGRPODataset``."""
@@ -80,44 +117,7 @@ class ExGRPOTaskRunner(BaseTaskRunner):
         print(f"ExGRPOTaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
         pprint(OmegaConf.to_container(config, resolve=True))
         OmegaConf.resolve(config)
-
-        _, ray_worker_group_cls = self.add_actor_rollout_worker(config)
-        self.add_critic_worker(config)
-        self.add_reward_model_resource_pool(config)
-        self.add_teacher_model_resource_pool(config)
-        validate_config(
-            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
-        )
-
-        from verl.utils.config import omega_conf_to_dataclass
-        from verl.utils.dataset.rl_dataset import collate_fn
-        from verl.workers.config import HFModelConfig
-
-        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-        tokenizer, processor = model_config.tokenizer, model_config.processor
-        resource_pool_manager = self.init_resource_pool_mgr(config)
-
-        train_dataset = create_rl_dataset(
-            config.data.train_files, config.data, tokenizer, processor, is_train=True,
-            max_samples=config.data.get("train_max_samples", -1),
-        )
-        val_dataset = create_rl_dataset(
-            config.data.val_files, config.data, tokenizer, processor, is_train=False,
-            max_samples=config.data.get("val_max_samples", -1),
-        )
-        train_sampler = create_rl_sampler(config.data, train_dataset)
-        trainer = RayExGRPOTrainer(
-            config=config,
-            tokenizer=tokenizer,
-            processor=processor,
-            role_worker_mapping=self.role_worker_mapping,
-            resource_pool_manager=resource_pool_manager,
-            ray_worker_group_cls=ray_worker_group_cls,
-            train_dataset=train_dataset,
-            val_dataset=val_dataset,
-            collate_fn=collate_fn,
-            train_sampler=train_sampler,
-        )
+        trainer = build_trainer(self, config, RayExGRPOTrainer)
         trainer.init_workers()
         trainer.fit()
 

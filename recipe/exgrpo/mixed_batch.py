@@ -12,6 +12,7 @@ Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with
   candidates that were not selected.
 - ``mark_replay_groups``: flags the rows of every replay group (the experience term of paper Eq. 4) and
   records the step's ρ, for ``exgrpo.weight_terms_by_ratio``.
+- ``collection_groups``: the step's groups as the core's collection takes them (docs/algorithm.md §3).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
 from exgrpo.advantage import experience_group_rows
-from exgrpo.experience.pool import Candidate
+from exgrpo.experience.pool import Candidate, GroupMember
 from exgrpo.experience.selection import CandidateTokenStats, SelectedTrajectory
+from recipe.exgrpo.dataset import QUESTION_ID_KEY
 
 IS_REPLAY_KEY = "exgrpo_is_replay"
 #: per row: -1 for a generated row, j for the j-th candidate trajectory (flattened over the replayed questions)
@@ -225,3 +227,28 @@ def keep_selected(batch: DataProto, selected: Sequence[int]) -> DataProto:
     out = batch if bool(keep.all()) else batch.select_idxs(keep)
     out.batch.pop(CANDIDATE_KEY)
     return out
+
+
+def collection_groups(batch: DataProto) -> dict[str, list[GroupMember]]:
+    """The step's groups for ``ExperienceManager.collect`` (docs/algorithm.md §3), keyed by question id.
+
+    Per row (after the rewards, ``token_level_scores``): the response ids under the response mask, the log-probs
+    of the policy that sampled it — this step's old log-probs for a generated row, the stored behaviour log-probs
+    for the replayed member — its reward and whether it is the replayed member. One group per question and step:
+    a question is never both replayed and fresh, nor drawn twice.
+    """
+    scores = batch.batch["token_level_scores"].sum(-1).numpy()
+    responses = batch.batch["responses"].numpy()
+    resp_mask = batch.batch["response_mask"].bool().numpy()
+    old_lp = batch.batch["old_log_probs"].float().numpy()
+    is_replay = batch.batch[IS_REPLAY_KEY].numpy()
+    behaviour = batch.batch[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
+    qids = batch.non_tensor_batch[QUESTION_ID_KEY]
+    members_by_question: dict[str, list[GroupMember]] = {}
+    for i in range(len(batch)):
+        m = resp_mask[i]
+        lp = behaviour[i][m] if is_replay[i] else old_lp[i][m]
+        members_by_question.setdefault(str(qids[i]), []).append(
+            GroupMember(responses[i][m], lp, float(scores[i]), bool(is_replay[i]))
+        )
+    return members_by_question

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from exgrpo.reward import DEFAULT_TIMEOUT_S, MULTIPLE_CHOICE_SOURCES, grade
+from exgrpo.reward import DEFAULT_TIMEOUT_S, MULTIPLE_CHOICE_SOURCES, RewardResult, grade
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -58,6 +58,24 @@ def _as_sources(value: Iterable[str] | str | None) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def to_verl_dict(result: RewardResult) -> dict[str, float | str]:
+    """The dict verl's reward managers accept: ``score`` plus extra keys, the same keys for every response.
+
+    verl 0.9.1 logs numeric extra keys per data source in validation (mean@N etc.; ``acc`` is the core
+    metric), uses the string ``pred`` for majority voting (maj@N), and stacks the extra keys of a batch by the
+    first response's keys, so every outcome must give the same keys.
+    """
+    return {
+        "score": float(result.score),
+        "acc": float(result.score),
+        "pred": result.pred,
+        "think_closed": float(result.think_closed),
+        "reward_error": float(result.outcome == "error"),
+        "reward_timeout": float(result.outcome == "timeout"),
+        "reward_queue_s": float(result.queue_s),
+    }
+
+
 def compute_score(
     data_source: str,
     solution_str: str,
@@ -84,9 +102,9 @@ def compute_score(
 
     Returns:
         ``{"score", "acc", "pred", "think_closed", "reward_error", "reward_timeout", "reward_queue_s"}``
-        (``reward_queue_s``: seconds this call waited for a free grader process); see
-        ``exgrpo.reward.RewardResult.to_verl_dict``. A misconfigured reward_kwargs value raises at the first
-        call, naming the key, rather than silently scoring 0.
+        (``reward_queue_s``: seconds this call waited for a free grader process); see :func:`to_verl_dict`.
+        A misconfigured reward_kwargs value raises at the first call, naming the key, rather than silently
+        scoring 0.
     """
     result = grade(
         solution_str,
@@ -97,4 +115,4 @@ def compute_score(
         multiple_choice_sources=_as_sources(multiple_choice_sources),
         max_workers=int(max_workers) if max_workers is not None else None,
     )
-    return result.to_verl_dict()
+    return to_verl_dict(result)

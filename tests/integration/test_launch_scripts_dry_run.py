@@ -322,6 +322,11 @@ BAD_EXTRA_ARGUMENTS = [
     ),
     ("actor_rollout_ref.rollout.n=1", ["exgrpo.k", "[2, inf)"]),
     ("trainer.use_v1=true", ["trainer.use_v1"]),
+    # verl settings the recipe's trainer would accept and ignore (recipe/exgrpo/config_bridge.py)
+    ("algorithm.adv_estimator=gae", ["algorithm.adv_estimator='gae' is not supported", "algorithm.adv_estimator=grpo"]),
+    ("actor_rollout_ref.actor.use_kl_loss=true", ["actor_rollout_ref.actor.use_kl_loss=True is not supported"]),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", ["policy_loss.loss_mode='gspo' is not supported"]),
+    ("actor_rollout_ref.actor.clip_ratio_c=10", ["clip_ratio_c=10 is not supported", "exgrpo.dual_clip=true"]),
     ("exgrpo.replay_ratio", ["bad override syntax"]),
 ]
 

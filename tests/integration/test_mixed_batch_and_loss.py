@@ -16,8 +16,9 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from exgrpo.experience.pool import Candidate  # noqa: E402
 from exgrpo.experience.selection import SelectedTrajectory  # noqa: E402
-from exgrpo.objective import mixed_policy_loss  # noqa: E402
-from recipe.exgrpo.actor_loss import LossSettings, exgrpo_actor_loss  # noqa: E402
+from exgrpo.objective import LossSettings, mixed_policy_loss  # noqa: E402
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
+from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
 from recipe.exgrpo.exgrpo_ray_trainer import replay_group_metrics  # noqa: E402
 from recipe.exgrpo.mixed_batch import (  # noqa: E402
     BEHAVIOUR_LOG_PROBS_KEY,
@@ -28,6 +29,7 @@ from recipe.exgrpo.mixed_batch import (  # noqa: E402
     append_candidates,
     build_replay_members,
     candidate_rows,
+    collection_groups,
     generation_counts,
     keep_selected,
     mark_fresh,
@@ -99,6 +101,31 @@ def test_replay_members_join_their_groups_with_stored_tokens():
     mixed = DataProto.concat([gen, replay])
     m = replay_group_metrics(mixed)
     assert m == {"exgrpo/replayed_rows": 1.0, "exgrpo/replay_group_size_min": 3.0, "exgrpo/replay_group_size_max": 3.0}
+
+
+def test_collection_groups_hand_each_member_its_tokens_log_probs_and_reward():
+    """Group "a" fresh (2 rows), group "b" = 1 generated row + the appended replayed member (stored log-probs)."""
+    gen = _generated_rows([3, 3, 4], [2, 3, 1], ["a", "a", "b"])
+    mark_fresh(gen)
+    gen.batch["old_log_probs"] = -torch.arange(3 * R_LEN, dtype=torch.float32).reshape(3, R_LEN) / 10
+    replay = build_replay_members(gen.select_idxs(np.array([2])), [np.array([7, 8, 9])], [np.full(3, -0.5)], PAD)
+    replay.batch["old_log_probs"] = torch.full((1, R_LEN), -9.0)  # recomputed this step; not what is stored
+    batch = DataProto.concat([gen, replay])
+    batch.non_tensor_batch[QUESTION_ID_KEY] = np.array(["qa", "qa", "qb", "qb"], dtype=object)
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    batch.batch["token_level_scores"] = torch.zeros(4, R_LEN)
+    for i, r in enumerate(rewards):  # the reward sits on one token, as verl's reward tensors
+        batch.batch["token_level_scores"][i, 0] = r
+    groups = collection_groups(batch)
+    assert list(groups) == ["qa", "qb"] and [len(g) for g in groups.values()] == [2, 2]
+    a0, a1 = groups["qa"]
+    assert a0.token_ids.tolist() == gen.batch["responses"][0, :2].tolist() and a0.reward == 1.0
+    assert np.allclose(a0.behaviour_log_probs, [0.0, -0.1]) and not a0.is_replayed
+    assert len(a1.token_ids) == 3 and a1.reward == 0.0
+    b_gen, b_replayed = groups["qb"]
+    assert len(b_gen.token_ids) == 1 and not b_gen.is_replayed
+    assert b_replayed.is_replayed and b_replayed.reward == 1.0 and b_replayed.token_ids.tolist() == [7, 8, 9]
+    assert np.allclose(b_replayed.behaviour_log_probs, [-0.5] * 3)  # the stored ones, not the recomputed −9
 
 
 def test_replay_member_errors_are_clear():
@@ -208,10 +235,14 @@ def test_installed_loss_equals_the_exgrpo_objective(agg, mixed):
     log_prob = _padded_log_prob(gen, flat)
     expected, raw = mixed_policy_loss(
         log_prob, gen.batch["old_log_probs"], gen.batch[BEHAVIOUR_LOG_PROBS_KEY], gen.batch["advantages"],
-        gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY], loss_agg_mode=agg, shaping="policy_shaping",
-        shaping_beta=0.1, is_correction=True, fresh_clip=not mixed, clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=None,  # exgrpo.dual_clip is off by default (as released)
-        loss_scale_factor=config.loss_scale_factor,
+        gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY],
+        LossSettings(
+            loss_agg_mode=agg, shaping="policy_shaping", shaping_beta=0.1, is_correction=True,
+            fresh_clip="never" if mixed else "always",  # released: the clip before mixed mode, none after
+            clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
+            dual_clip=False,  # exgrpo.dual_clip is off by default (as released)
+            loss_scale_factor=config.loss_scale_factor,
+        ),
     )
     (grad_expected,) = torch.autograd.grad(expected, flat)
     assert torch.allclose(loss, expected, atol=1e-6)

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
-from exgrpo.objective import AGG_MODES, aggregate_loss, mixed_policy_loss  # noqa: E402
+from exgrpo.objective import AGG_MODES, LossSettings, Normalisers, aggregate_loss, mixed_policy_loss  # noqa: E402
 
 CLIPS = [(0.2, 0.2, 3.0), (0.1, 0.28, 2.5)]
 
@@ -49,6 +49,16 @@ def _ours_and_verl(seed, low, high, c, mode, ours_kwargs, verl_info):
     log_prob, old, adv, mask = _random_tensors(seed)
     lp_ours = log_prob.clone().requires_grad_(True)
     lp_verl = log_prob.clone().requires_grad_(True)
+    ours_kwargs = dict(ours_kwargs)
+    settings = LossSettings(
+        loss_agg_mode=mode,
+        fresh_clip="always",
+        dual_clip=True,  # verl's vanilla loss always applies the dual clip
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        clip_ratio_c=c,
+        loss_scale_factor=ours_kwargs.pop("loss_scale_factor", None),
+    )
     ours, metrics = mixed_policy_loss(
         lp_ours,
         old,
@@ -56,12 +66,8 @@ def _ours_and_verl(seed, low, high, c, mode, ours_kwargs, verl_info):
         adv,
         mask,
         torch.zeros(mask.shape[0], dtype=torch.bool),
-        loss_agg_mode=mode,
-        fresh_clip=True,
-        clip_ratio_low=low,
-        clip_ratio_high=high,
-        clip_ratio_c=c,
-        **ours_kwargs,
+        settings,
+        normalisers=Normalisers(**ours_kwargs),
     )
     vanilla = get_policy_loss_fn("vanilla")
     theirs, verl_metrics = vanilla(
@@ -145,10 +151,10 @@ def test_entropy_term_matches_verl_ppo_loss_arithmetic():
         adv,
         mask,
         torch.zeros(mask.shape[0], dtype=torch.bool),
-        loss_agg_mode=mode,
-        loss_scale_factor=32,
+        LossSettings(
+            loss_agg_mode=mode, fresh_clip="always", dual_clip=True, loss_scale_factor=32, entropy_coeff=0.001
+        ),
         entropy=ent,
-        entropy_coeff=0.001,
     )
     cfg = _actor_config(0.2, 0.2, 3.0, mode, loss_scale_factor=32)
     pg, _ = get_policy_loss_fn("vanilla")(old, log_prob, adv, mask, mode, cfg, None)

@@ -22,7 +22,8 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from exgrpo.config import ConfigError  # noqa: E402
-from recipe.exgrpo.actor_loss import LossSettings, exgrpo_actor_loss, fresh_clip_on  # noqa: E402
+from exgrpo.objective import LossSettings, fresh_clip_on  # noqa: E402
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra  # noqa: E402
 from recipe.exgrpo.mixed_batch import (  # noqa: E402
     EXPERIENCE_GROUP_KEY,

@@ -156,7 +156,8 @@ def test_block_must_be_mapping_and_none_means_defaults():
 
 
 def test_matches_the_recipe_yaml_keys(repo_root):
-    """Every key of the recipe's exgrpo: block is a field here (and k is the only field it may omit)."""
+    """Every key of the recipe's exgrpo: block is a field here (and k is the only field it may omit), and every
+    value there is the field's default: the dataclass is the one source of defaults, the yaml shows them."""
     yaml_path = repo_root / "recipe" / "exgrpo" / "config" / "exgrpo_trainer.yaml"
     if not yaml_path.exists():
         pytest.skip("recipe yaml not present")
@@ -168,6 +169,11 @@ def test_matches_the_recipe_yaml_keys(repo_root):
     import dataclasses
 
     assert {f.name for f in dataclasses.fields(ExGRPOConfig)} - set(block) == {"k"}
+    defaults = ExGRPOConfig().to_dict()
+    differ = {key: (value, defaults[key]) for key, value in block.items() if value != defaults[key]}
+    assert not differ, f"yaml exgrpo: values that differ from ExGRPOConfig's defaults (yaml, dataclass): {differ}"
+    # the same types too (0 vs 0.0 or true vs 1 would compare equal)
+    assert {key: type(value) for key, value in block.items()} == {key: type(defaults[key]) for key in block}
 
 
 def test_a_newly_registered_weighting_is_accepted():
@@ -179,3 +185,16 @@ def test_a_newly_registered_weighting_is_accepted():
         del sampler_mod.BUCKET_WEIGHTINGS[name]
     with pytest.raises(ConfigError):
         ExGRPOConfig.from_dict({"weighting": name}, k=8)
+
+
+def test_a_newly_registered_shaping_is_accepted():
+    from exgrpo.objective import SHAPING_REGISTRY, register_shaping
+
+    name = "test_only_shaping"
+    register_shaping(name)(lambda log_ratio, *, beta: log_ratio)
+    try:
+        assert ExGRPOConfig.from_dict({"shaping": name}, k=8).shaping == name
+    finally:
+        SHAPING_REGISTRY.unregister(name)
+    with pytest.raises(ConfigError, match="exgrpo.shaping must be one of"):
+        ExGRPOConfig.from_dict({"shaping": name}, k=8)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
+from functools import partial
 
 import pytest
 import torch
 
 from exgrpo.advantage import experience_group_rows, group_relative_advantages
+from exgrpo.config import ExGRPOConfig
 from exgrpo.objective import (
     AGG_MODES,
     LOG_RATIO_CLAMP,
@@ -15,6 +19,8 @@ from exgrpo.objective import (
     LOSS_METRIC_KINDS,
     RANK_SUM_NORM,
     SHAPING_REGISTRY,
+    LossSettings,
+    Normalisers,
     aggregate_loss,
     get_shaping_fn,
     mixed_policy_loss,
@@ -22,6 +28,10 @@ from exgrpo.objective import (
 )
 
 BETA = 0.1
+#: The settings these tests start from: fresh tokens PPO-clipped with verl's dual clip (c = 3), ε = 0.2.
+S = partial(LossSettings, fresh_clip="always", dual_clip=True)
+#: fresh_clip parametrised as on/off: "always" clips in every step, "never" in none.
+FRESH_CLIP = {True: "always", False: "never"}
 
 
 def _f(w: float, beta: float = BETA) -> float:
@@ -62,14 +72,63 @@ def test_adding_a_shaping_is_one_decorated_function():
             torch.tensor([[2.0]]),
             torch.ones(1, 1),
             torch.tensor([True]),
-            loss_agg_mode="token-mean",
-            shaping=name,
+            S(loss_agg_mode="token-mean", shaping=name),
         )
         assert loss.item() == pytest.approx(-2.0 * 0.5)
         with pytest.raises(ValueError, match="already registered"):
             register_shaping(name)(lambda log_ratio, *, beta: log_ratio)
     finally:
-        SHAPING_REGISTRY.pop(name, None)
+        SHAPING_REGISTRY.unregister(name)
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def test_loss_settings_defaults_are_the_config_defaults():
+    """One source of defaults: LossSettings() holds ExGRPOConfig's defaults for every exgrpo key it carries."""
+    cfg = ExGRPOConfig(k=8)
+    assert LossSettings.from_config(cfg) == LossSettings()
+    assert {key: getattr(LossSettings(), key) for key in LossSettings.EXGRPO_KEYS} == {
+        key: getattr(cfg, key) for key in LossSettings.EXGRPO_KEYS
+    }
+    # every loss key of the config reaches the settings (nothing is dropped on the way to the workers)
+    assert set(LossSettings.EXGRPO_KEYS) <= {f.name for f in dataclasses.fields(ExGRPOConfig)}
+
+
+def test_loss_settings_from_config_keeps_the_config_strings_and_resolves_them():
+    cfg = ExGRPOConfig.from_dict(
+        {
+            "shaping": "none",
+            "shaping_beta": 1,
+            "is_correction": False,
+            "fresh_clip": "always",
+            "dual_clip": True,
+            "weight_terms_by_ratio": True,
+            "loss_scale": "per_rank",
+            "skip_grad_norm_above": 500,
+        },
+        k=4,
+    )
+    settings = LossSettings.from_config(cfg, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=8192)
+    assert settings.fresh_clip == "always" and settings.loss_scale == "per_rank" and settings.shaping == "none"
+    assert settings.shaping_beta == 1.0 and isinstance(settings.shaping_beta, float)
+    assert settings.skip_grad_norm_above == 500.0 and isinstance(settings.skip_grad_norm_above, float)
+    assert (settings.is_correction, settings.dual_clip, settings.weight_terms_by_ratio) == (False, True, True)
+    assert [settings.fresh_clip_on(m) for m in (False, True)] == [True, True]
+    assert settings.dual_clip_c == 3.0 and LossSettings().dual_clip_c is None
+    assert settings.aggregation_modes() == (RANK_SUM_NORM, "token-mean")
+    assert LossSettings(loss_agg_mode="token-sum").aggregation_modes() == ("token-sum", "token-sum")
+    released = LossSettings(fresh_clip="released")
+    assert [released.fresh_clip_on(m) for m in (False, True)] == [True, False]
+
+
+def test_loss_settings_travel_small_and_whole():
+    """The settings are pickled into every Ray worker: a frozen value of a few scalars."""
+    settings = LossSettings.from_config(ExGRPOConfig(k=8)).with_actor(clip_ratio_low=0.1, entropy_coeff=0.001)
+    blob = pickle.dumps(settings)
+    assert pickle.loads(blob) == settings and len(blob) < 1024
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.fresh_clip = "never"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="not verl actor settings of the loss: \\['shaping'\\]"):
+        settings.with_actor(shaping="none")
 
 
 # ------------------------------------------------------------------------------------------------ aggregation
@@ -146,7 +205,9 @@ def _section7_expected(mode: str, replay_token_loss: float) -> float:
 @pytest.mark.parametrize("fresh_clip", [True, False])
 def test_section7_example_every_mode(mode, fresh_clip):
     lp, adv, mask, replay = _section7_batch()
-    loss, metrics = mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode=mode, fresh_clip=fresh_clip)
+    loss, metrics = mixed_policy_loss(
+        lp, lp, lp, adv, mask, replay, S(loss_agg_mode=mode, fresh_clip=FRESH_CLIP[fresh_clip])
+    )
     # Replayed token: −A*·f(1) = −(7/8)·(1/1.1).
     assert loss.item() == pytest.approx(_section7_expected(mode, -7 / 8 * _f(1.0)), rel=1e-6)
     assert metrics["exgrpo/replayed_shaped_weight_mean"] == pytest.approx(1 / 1.1)
@@ -157,14 +218,14 @@ def test_section7_example_every_mode(mode, fresh_clip):
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_section7_example_without_shaping(mode):
     lp, adv, mask, replay = _section7_batch()
-    loss, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode=mode, shaping="none")
+    loss, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, S(loss_agg_mode=mode, shaping="none"))
     assert loss.item() == pytest.approx(_section7_expected(mode, -7 / 8), rel=1e-6)
 
 
 def test_section7_constant_normaliser_lmax():
     lp, adv, mask, replay = _section7_batch()
     loss, _ = mixed_policy_loss(
-        lp, lp, lp, adv, mask, replay, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=8192
+        lp, lp, lp, adv, mask, replay, S(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=8192)
     )
     total = 2 * (-7 / 8 * _f(1.0)) + 10 * (1 / 8)
     assert loss.item() == pytest.approx(total / 8 / 8192, rel=1e-6)
@@ -176,11 +237,11 @@ CLIP_A = torch.tensor([[1.0], [-1.0], [-1.0], [1.0]])
 CLIP_W = torch.tensor([[1.5], [0.5], [5.0], [0.5]])
 
 
-def _clip_case(replayed: bool, **kwargs):
+def _clip_case(replayed: bool, **settings):
     old = torch.zeros(4, 1)
     lp = torch.log(CLIP_W)
     replay = torch.full((4,), replayed)
-    return mixed_policy_loss(lp, old, old, CLIP_A, torch.ones(4, 1), replay, loss_agg_mode="token-sum", **kwargs)
+    return mixed_policy_loss(lp, old, old, CLIP_A, torch.ones(4, 1), replay, S(loss_agg_mode="token-sum", **settings))
 
 
 def test_fresh_ppo_clip_with_dual_clip_hand_computed():
@@ -196,7 +257,7 @@ def test_fresh_ppo_clip_with_dual_clip_hand_computed():
 
 
 def test_fresh_clip_without_dual_clip_and_asymmetric_eps():
-    loss, _ = _clip_case(False, clip_ratio_c=None)
+    loss, _ = _clip_case(False, dual_clip=False)
     assert loss.item() == pytest.approx(-1.2 + 0.8 + 5.0 - 0.5, rel=1e-6)
     loss, _ = _clip_case(False, clip_ratio_low=0.1, clip_ratio_high=0.3, clip_ratio_c=2.0)
     # row0 max(−1.5, −1.3) | row1 max(0.5, 0.9) | row2 min(max(5, 1.3), 2) | row3 max(−0.5, −0.9)
@@ -204,7 +265,7 @@ def test_fresh_clip_without_dual_clip_and_asymmetric_eps():
 
 
 def test_fresh_unclipped_is_minus_a_times_w():
-    loss, m = _clip_case(False, fresh_clip=False)
+    loss, m = _clip_case(False, fresh_clip="never")
     assert loss.item() == pytest.approx(-1.5 + 0.5 + 5.0 - 0.5, rel=1e-6)
     assert m["exgrpo/fresh_clip_frac"] == pytest.approx(2 / 4)  # reported as "would be clipped"
 
@@ -226,10 +287,10 @@ def test_is_correction_uses_behaviour_log_probs_for_replayed_rows_only():
     old = torch.full((2, 1), math.log(0.5))
     beh = torch.full((2, 1), math.log(0.25))
     adv = torch.ones(2, 1)
-    kw = dict(loss_agg_mode="token-sum", shaping="none", fresh_clip=False)
-    on, m_on = mixed_policy_loss(lp, old, beh, adv, torch.ones(2, 1), torch.tensor([True, False]), **kw)
+    kw = dict(loss_agg_mode="token-sum", shaping="none", fresh_clip="never")
+    on, m_on = mixed_policy_loss(lp, old, beh, adv, torch.ones(2, 1), torch.tensor([True, False]), S(**kw))
     off, m_off = mixed_policy_loss(
-        lp, old, beh, adv, torch.ones(2, 1), torch.tensor([True, False]), **kw, is_correction=False
+        lp, old, beh, adv, torch.ones(2, 1), torch.tensor([True, False]), S(**kw, is_correction=False)
     )
     assert on.item() == pytest.approx(-4.0 - 2.0)  # replayed w = 1/0.25, fresh w = 1/0.5
     assert off.item() == pytest.approx(-2.0 - 2.0)  # both against the recomputed old log-probs
@@ -240,11 +301,19 @@ def test_is_correction_uses_behaviour_log_probs_for_replayed_rows_only():
 def test_behaviour_log_prob_required_only_when_used():
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="behaviour_log_prob is required"):
-        mixed_policy_loss(lp, lp, None, lp, torch.ones(2, 3), torch.tensor([True, False]), loss_agg_mode="token-mean")
+        mixed_policy_loss(
+            lp, lp, None, lp, torch.ones(2, 3), torch.tensor([True, False]), S(loss_agg_mode="token-mean")
+        )
     # No replayed row, or IS correction off: None is fine.
-    mixed_policy_loss(lp, lp, None, lp, torch.ones(2, 3), torch.tensor([False, False]), loss_agg_mode="token-mean")
+    mixed_policy_loss(lp, lp, None, lp, torch.ones(2, 3), torch.tensor([False, False]), S(loss_agg_mode="token-mean"))
     mixed_policy_loss(
-        lp, lp, None, lp, torch.ones(2, 3), torch.tensor([True, False]), loss_agg_mode="token-mean", is_correction=False
+        lp,
+        lp,
+        None,
+        lp,
+        torch.ones(2, 3),
+        torch.tensor([True, False]),
+        S(loss_agg_mode="token-mean", is_correction=False),
     )
 
 
@@ -255,8 +324,8 @@ def test_behaviour_values_on_fresh_rows_are_ignored():
     beh_garbage[1:] = float("nan")  # fresh rows: never read
     replay = torch.tensor([True, False, False])
     adv = torch.randn(3, 4)
-    a, _ = mixed_policy_loss(lp, old, beh, adv, torch.ones(3, 4), replay, loss_agg_mode="token-mean")
-    b, _ = mixed_policy_loss(lp, old, beh_garbage, adv, torch.ones(3, 4), replay, loss_agg_mode="token-mean")
+    a, _ = mixed_policy_loss(lp, old, beh, adv, torch.ones(3, 4), replay, S(loss_agg_mode="token-mean"))
+    b, _ = mixed_policy_loss(lp, old, beh_garbage, adv, torch.ones(3, 4), replay, S(loss_agg_mode="token-mean"))
     assert torch.equal(a, b)
 
 
@@ -269,7 +338,7 @@ def test_replayed_gradient_is_beta_w_over_w_plus_beta_squared(w, advantage):
     lp = (beh + math.log(w)).requires_grad_(True)
     adv = torch.tensor([[advantage, advantage]], dtype=torch.float64)
     loss, _ = mixed_policy_loss(
-        lp, torch.zeros_like(beh), beh, adv, torch.ones_like(beh), torch.tensor([True]), loss_agg_mode="token-mean"
+        lp, torch.zeros_like(beh), beh, adv, torch.ones_like(beh), torch.tensor([True]), S(loss_agg_mode="token-mean")
     )
     loss.backward()
     expected = BETA * w / (w + BETA) ** 2 * advantage / 2  # token-mean over 2 tokens
@@ -281,7 +350,7 @@ def test_gradient_weight_reference_values():
         lp = torch.tensor([[math.log(w)]], dtype=torch.float64, requires_grad=True)
         z = torch.zeros(1, 1, dtype=torch.float64)
         loss, _ = mixed_policy_loss(
-            lp, z, z, torch.ones_like(z), torch.ones_like(z), torch.tensor([True]), loss_agg_mode="token-mean"
+            lp, z, z, torch.ones_like(z), torch.ones_like(z), torch.tensor([True]), S(loss_agg_mode="token-mean")
         )
         loss.backward()
         return -lp.grad.item()
@@ -301,8 +370,7 @@ def test_fresh_unclipped_gradient_is_a_times_w():
         torch.full_like(z, 0.5),
         torch.ones_like(z),
         torch.tensor([False]),
-        loss_agg_mode="token-mean",
-        fresh_clip=False,
+        S(loss_agg_mode="token-mean", fresh_clip="never"),
     )
     loss.backward()
     assert -lp.grad.item() == pytest.approx(0.5 * 1.7)
@@ -314,8 +382,8 @@ def test_advantages_per_row_equal_token_level():
     mask = (torch.rand(4, 5) > 0.3).float()
     row_adv = torch.randn(4)
     replay = torch.tensor([True, False, True, False])
-    a, _ = mixed_policy_loss(lp, old, beh, row_adv, mask, replay, loss_agg_mode="token-mean")
-    b, _ = mixed_policy_loss(lp, old, beh, row_adv[:, None] * mask, mask, replay, loss_agg_mode="token-mean")
+    a, _ = mixed_policy_loss(lp, old, beh, row_adv, mask, replay, S(loss_agg_mode="token-mean"))
+    b, _ = mixed_policy_loss(lp, old, beh, row_adv[:, None] * mask, mask, replay, S(loss_agg_mode="token-mean"))
     torch.testing.assert_close(a, b)
 
 
@@ -336,11 +404,8 @@ def test_extreme_log_ratios_stay_finite(mode, shaping, fresh_clip):
         adv,
         mask,
         torch.tensor([False, True, False]),
-        loss_agg_mode=mode,
-        shaping=shaping,
-        fresh_clip=fresh_clip,
+        S(loss_agg_mode=mode, shaping=shaping, fresh_clip=FRESH_CLIP[fresh_clip], entropy_coeff=0.001),
         entropy=torch.rand(3, 3),
-        entropy_coeff=0.001,
     )
     loss.backward()
     assert torch.isfinite(loss)
@@ -361,8 +426,7 @@ def test_log_ratio_clamp_does_not_change_gradients_in_the_normal_range():
         torch.ones_like(z),
         torch.ones_like(z),
         torch.tensor([False]),
-        loss_agg_mode="token-sum",
-        fresh_clip=False,
+        S(loss_agg_mode="token-sum", fresh_clip="never"),
     )
     loss.backward()
     torch.testing.assert_close(-lp.grad, torch.exp(lp.detach()))  # d(w)/d log π = w, untouched by the clamp
@@ -378,9 +442,8 @@ def test_empty_mask_gives_zero_loss_and_zero_gradient(mode):
         torch.randn(3, 4),
         torch.zeros(3, 4),
         torch.tensor([True, False, False]),
-        loss_agg_mode=mode,
+        S(loss_agg_mode=mode, entropy_coeff=0.01),
         entropy=torch.rand(3, 4),
-        entropy_coeff=0.01,
     )
     loss.backward()
     assert loss.item() == 0.0
@@ -391,7 +454,7 @@ def test_empty_mask_gives_zero_loss_and_zero_gradient(mode):
 
 def test_empty_batch():
     e = torch.zeros(0, 5)
-    loss, metrics = mixed_policy_loss(e, e, None, e, e, torch.zeros(0, dtype=torch.bool), loss_agg_mode="token-mean")
+    loss, metrics = mixed_policy_loss(e, e, None, e, e, torch.zeros(0, dtype=torch.bool), S(loss_agg_mode="token-mean"))
     assert loss.item() == 0.0 and all(math.isfinite(v) for v in metrics.values())
 
 
@@ -405,8 +468,8 @@ def test_zero_token_rows_do_not_change_the_loss(mode):
     full_mask = mask.clone()
     full_mask[1] = 0.0  # row 1 has no response token
     keep = [0, 2, 3]
-    a, _ = mixed_policy_loss(lp, old, beh, adv, full_mask, replay, loss_agg_mode=mode)
-    b, _ = mixed_policy_loss(lp[keep], old[keep], beh[keep], adv[keep], mask[keep], replay[keep], loss_agg_mode=mode)
+    a, _ = mixed_policy_loss(lp, old, beh, adv, full_mask, replay, S(loss_agg_mode=mode))
+    b, _ = mixed_policy_loss(lp[keep], old[keep], beh[keep], adv[keep], mask[keep], replay[keep], S(loss_agg_mode=mode))
     torch.testing.assert_close(a, b)
 
 
@@ -427,9 +490,9 @@ def _random_batch(seed: int, b: int = 8, t: int = 6):
 def test_loss_and_gradient_do_not_depend_on_micro_batching(mode):
     """Summed micro-batch losses with global normalisers equal the whole-batch loss (verl's accumulation)."""
     lp, old, beh, adv, mask, replay = _random_batch(3)
-    kw = dict(loss_agg_mode=mode, loss_scale_factor=16, fresh_clip=True)
+    settings = S(loss_agg_mode=mode, loss_scale_factor=16, fresh_clip="always")
     whole_lp = lp.clone().requires_grad_(True)
-    whole, _ = mixed_policy_loss(whole_lp, old, beh, adv, mask, replay, **kw)
+    whole, _ = mixed_policy_loss(whole_lp, old, beh, adv, mask, replay, settings)
     whole.backward()
 
     n_tokens = mask.sum()
@@ -444,9 +507,8 @@ def test_loss_and_gradient_do_not_depend_on_micro_batching(mode):
             adv[rows],
             mask[rows],
             replay[rows],
-            **kw,
-            global_token_count=n_tokens,
-            global_seq_count=n_seqs,
+            settings,
+            normalisers=Normalisers(global_token_count=n_tokens, global_seq_count=n_seqs),
         )
         part.backward()
         total = total + part.detach()
@@ -457,8 +519,8 @@ def test_loss_and_gradient_do_not_depend_on_micro_batching(mode):
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_data_parallel_mean_of_ranks_equals_whole_batch(mode):
     lp, old, beh, adv, mask, replay = _random_batch(4)
-    kw = dict(loss_agg_mode=mode, loss_scale_factor=16)
-    whole, _ = mixed_policy_loss(lp, old, beh, adv, mask, replay, **kw)
+    settings = S(loss_agg_mode=mode, loss_scale_factor=16)
+    whole, _ = mixed_policy_loss(lp, old, beh, adv, mask, replay, settings)
     n_tokens, n_seqs = mask.sum(), int((mask.sum(-1) > 0).sum())
     ranks = [
         mixed_policy_loss(
@@ -468,10 +530,8 @@ def test_data_parallel_mean_of_ranks_equals_whole_batch(mode):
             adv[r],
             mask[r],
             replay[r],
-            **kw,
-            dp_size=2,
-            global_token_count=n_tokens,
-            global_seq_count=n_seqs,
+            settings,
+            normalisers=Normalisers(dp_size=2, global_token_count=n_tokens, global_seq_count=n_seqs),
         )[0]
         for r in (slice(0, 4), slice(4, 8))
     ]
@@ -502,7 +562,7 @@ EXPECTED_METRICS = {
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_metrics_names_and_loss_split(mode):
     lp, old, beh, adv, mask, replay = _random_batch(5)
-    loss, m = mixed_policy_loss(lp, old, beh, adv, mask, replay, loss_agg_mode=mode, metric_prefix="x/")
+    loss, m = mixed_policy_loss(lp, old, beh, adv, mask, replay, S(loss_agg_mode=mode), metric_prefix="x/")
     assert set(m) == {f"x/{k}" for k in EXPECTED_METRICS}
     assert set(LOSS_METRIC_KINDS) == EXPECTED_METRICS | {"entropy_loss"}
     assert all(isinstance(v, float) for v in m.values())
@@ -520,7 +580,7 @@ def test_metric_values_hand_computed():
     lp = torch.log(torch.tensor([[2.0, 0.5], [1.5, 1.0]]))
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    loss, m = mixed_policy_loss(lp, beh, beh, adv, mask, torch.tensor([True, False]), loss_agg_mode="token-mean")
+    loss, m = mixed_policy_loss(lp, beh, beh, adv, mask, torch.tensor([True, False]), S(loss_agg_mode="token-mean"))
     assert m["exgrpo/replayed_ratio_mean"] == pytest.approx(1.25)
     assert m["exgrpo/replayed_ratio_max"] == pytest.approx(2.0)
     assert m["exgrpo/replayed_shaped_weight_mean"] == pytest.approx((_f(2.0) + _f(0.5)) / 2)
@@ -538,7 +598,7 @@ def test_explicit_term_weights():
     lp, adv, mask, replay = _section7_batch()
     rho = 0.25
     loss, m = mixed_policy_loss(
-        lp, lp, lp, adv, mask, replay, loss_agg_mode="token-mean", replay_ratio=rho, weight_terms=True
+        lp, lp, lp, adv, mask, replay, S(loss_agg_mode="token-mean", weight_terms_by_ratio=True), replay_ratio=rho
     )
     expected = (rho * 2 * (-7 / 8 * _f(1.0)) + (1 - rho) * 10 * (1 / 8)) / 12
     assert loss.item() == pytest.approx(expected, rel=1e-6)
@@ -550,17 +610,16 @@ def test_explicit_term_weights():
         adv,
         mask,
         replay,
-        loss_agg_mode="token-mean",
+        S(loss_agg_mode="token-mean", weight_terms_by_ratio=True),
         replay_ratio=rho,
-        weight_terms=True,
         experience_group_mask=torch.ones(8, dtype=torch.bool),
     )
     assert loss.item() == pytest.approx(rho * _section7_expected("token-mean", -7 / 8 * _f(1.0)), rel=1e-6)
     # replay_ratio alone changes nothing.
-    plain, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-mean", replay_ratio=rho)
+    plain, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, S(loss_agg_mode="token-mean"), replay_ratio=rho)
     assert plain.item() == pytest.approx(_section7_expected("token-mean", -7 / 8 * _f(1.0)), rel=1e-6)
     with pytest.raises(ValueError, match="replay_ratio"):
-        mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-mean", weight_terms=True)
+        mixed_policy_loss(lp, lp, lp, adv, mask, replay, S(loss_agg_mode="token-mean", weight_terms_by_ratio=True))
 
 
 def _two_group_batch():
@@ -586,8 +645,10 @@ def test_whole_replay_group_in_the_experience_term_hand_computed():
     groups = torch.as_tensor(experience_group_rows(uids, replay.numpy()))
     assert groups.tolist() == [True, True, True, False, False, False]
     rho = 0.25
-    kw = dict(loss_agg_mode="token-sum", replay_ratio=rho, weight_terms=True)
-    whole, m = mixed_policy_loss(lp, lp, lp, adv, mask, replay, experience_group_mask=groups, **kw)
+    settings = S(loss_agg_mode="token-sum", weight_terms_by_ratio=True)
+    whole, m = mixed_policy_loss(
+        lp, lp, lp, adv, mask, replay, settings, replay_ratio=rho, experience_group_mask=groups
+    )
     # group a (ρ): −40/33 + 1/3 + 1/3 = −6/11; group b (1−ρ): −4/3 + 1/3 + 1/3 = −2/3
     assert whole.item() == pytest.approx(0.25 * (-6 / 11) + 0.75 * (-2 / 3), rel=1e-6)  # = −7/11
     assert whole.item() == pytest.approx(-7 / 11, rel=1e-6)
@@ -595,10 +656,10 @@ def test_whole_replay_group_in_the_experience_term_hand_computed():
     assert m["exgrpo/replayed_loss"] == pytest.approx(0.25 * -40 / 33, rel=1e-6)
     assert m["exgrpo/fresh_loss"] + m["exgrpo/replayed_loss"] == pytest.approx(whole.item(), rel=1e-6)
     # only the replayed row in the experience term (the former behaviour, no group mask): its siblings get 1−ρ
-    rows_only, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, **kw)
+    rows_only, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, settings, replay_ratio=rho)
     assert rows_only.item() == pytest.approx(0.25 * (-40 / 33) + 0.75 * (2 / 3) + 0.75 * (-2 / 3), rel=1e-6)
     # no term weights (released): plain sum −40/33 + 2/3 − 2/3
-    plain, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-sum")
+    plain, _ = mixed_policy_loss(lp, lp, lp, adv, mask, replay, S(loss_agg_mode="token-sum"))
     assert plain.item() == pytest.approx(-40 / 33, rel=1e-6)
     # the common normaliser still applies: seq-mean-token-sum-norm over 6 rows, L_max = 4
     norm, _ = mixed_policy_loss(
@@ -608,11 +669,9 @@ def test_whole_replay_group_in_the_experience_term_hand_computed():
         adv,
         mask,
         replay,
+        S(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=4, weight_terms_by_ratio=True),
         experience_group_mask=groups,
-        loss_agg_mode="seq-mean-token-sum-norm",
-        loss_scale_factor=4,
         replay_ratio=rho,
-        weight_terms=True,
     )
     assert norm.item() == pytest.approx(-7 / 11 / 6 / 4, rel=1e-6)
 
@@ -628,9 +687,8 @@ def test_experience_group_mask_must_cover_the_replayed_rows():
             adv,
             mask,
             replay,
-            loss_agg_mode="token-sum",
+            S(loss_agg_mode="token-sum", weight_terms_by_ratio=True),
             replay_ratio=0.5,
-            weight_terms=True,
             experience_group_mask=wrong,
         )
 
@@ -709,7 +767,8 @@ def test_rank_sum_norm_is_micro_batch_invariant_within_a_rank_and_defaults_to_re
 
 
 def test_entropy_can_use_its_own_aggregation():
-    """per_rank: the policy term is the rank's token sum / L_max, the entropy bonus a token mean (released)."""
+    """loss_scale=per_rank: the policy term is the rank's token sum / L_max, the entropy bonus a token mean
+    (released)."""
     lp, adv, mask, replay = _section7_batch()
     ent = torch.full_like(lp, 2.0) * mask
     loss, m = mixed_policy_loss(
@@ -719,53 +778,56 @@ def test_entropy_can_use_its_own_aggregation():
         adv,
         mask,
         replay,
-        loss_agg_mode=RANK_SUM_NORM,
-        loss_scale_factor=4,
+        S(loss_scale="per_rank", loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=4, entropy_coeff=0.001),
         entropy=ent,
-        entropy_coeff=0.001,
-        entropy_agg_mode="token-mean",
     )
+    assert S(loss_scale="per_rank", loss_scale_factor=4).aggregation_modes() == (RANK_SUM_NORM, "token-mean")
     total = 2 * (-7 / 8 * _f(1.0)) + 10 * (1 / 8)
     assert m["exgrpo/entropy_loss"] == pytest.approx(2.0)  # token mean of a constant 2
     assert loss.item() == pytest.approx(total / 4 - 0.001 * 2.0, rel=1e-6)
-    with pytest.raises(ValueError, match="invalid entropy_agg_mode"):
-        mixed_policy_loss(lp, lp, lp, adv, mask, replay, loss_agg_mode="token-sum", entropy_agg_mode="mean")
+    with pytest.raises(ValueError, match="exgrpo.loss_scale must be one of"):
+        S(loss_agg_mode="token-sum", loss_scale="per_token")
+    with pytest.raises(ValueError, match="needs actor_rollout_ref.actor.loss_scale_factor"):
+        mixed_policy_loss(lp, lp, lp, adv, mask, replay, S(loss_scale="per_rank"))
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_entropy_bonus_uses_the_same_aggregation(mode):
     lp, old, beh, adv, mask, replay = _random_batch(6)
     ent = torch.rand(lp.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    base, _ = mixed_policy_loss(lp, old, beh, adv, mask, replay, loss_agg_mode=mode)
-    loss, m = mixed_policy_loss(lp, old, beh, adv, mask, replay, loss_agg_mode=mode, entropy=ent, entropy_coeff=0.001)
+    base, _ = mixed_policy_loss(lp, old, beh, adv, mask, replay, S(loss_agg_mode=mode))
+    loss, m = mixed_policy_loss(
+        lp, old, beh, adv, mask, replay, S(loss_agg_mode=mode, entropy_coeff=0.001), entropy=ent
+    )
     expected_ent = aggregate_loss(ent, mask, mode)
     assert m["exgrpo/entropy_loss"] == pytest.approx(expected_ent.item())
     assert loss.item() == pytest.approx(base.item() - 0.001 * expected_ent.item())
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("settings", "call", "match"),
     [
-        (dict(loss_agg_mode="seq-mean"), "invalid loss_agg_mode 'seq-mean'"),
-        (dict(loss_agg_mode="token-mean", shaping="w/(w+b)"), "unknown shaping"),
-        (dict(loss_agg_mode="token-mean", shaping_beta=0.0), "shaping_beta must be > 0"),
-        (dict(loss_agg_mode="token-mean", clip_ratio_c=1.0), "clip_ratio_c"),
-        (dict(loss_agg_mode="token-mean", clip_ratio_low=-0.1), "clip_ratio_low"),
-        (dict(loss_agg_mode="token-mean", entropy_coeff=0.01), "no entropy tensor"),
-        (dict(loss_agg_mode="token-mean", weight_terms=True, replay_ratio=1.5), "replay_ratio"),
+        (dict(loss_agg_mode="seq-mean"), {}, "invalid loss_agg_mode 'seq-mean'"),
+        (dict(loss_agg_mode="token-mean", shaping="w/(w+b)"), {}, "unknown shaping"),
+        (dict(loss_agg_mode="token-mean", shaping_beta=0.0), {}, "shaping_beta must be > 0"),
+        (dict(loss_agg_mode="token-mean", clip_ratio_c=1.0), {}, "clip_ratio_c"),
+        (dict(loss_agg_mode="token-mean", clip_ratio_low=-0.1), {}, "clip_ratio_low"),
+        (dict(loss_agg_mode="token-mean", fresh_clip="sometimes"), {}, "exgrpo.fresh_clip"),
+        (dict(loss_agg_mode="token-mean", entropy_coeff=0.01), {}, "no entropy tensor"),
+        (dict(loss_agg_mode="token-mean", weight_terms_by_ratio=True), dict(replay_ratio=1.5), "replay_ratio"),
     ],
 )
-def test_bad_options_raise_clear_errors(kwargs, match):
+def test_bad_options_raise_clear_errors(settings, call, match):
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=match):
-        mixed_policy_loss(lp, lp, lp, lp, torch.ones(2, 3), torch.tensor([True, False]), **kwargs)
+        mixed_policy_loss(lp, lp, lp, lp, torch.ones(2, 3), torch.tensor([True, False]), S(**settings), **call)
 
 
 def test_bad_shapes_name_the_argument():
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="replay_mask must have shape"):
-        mixed_policy_loss(lp, lp, lp, lp, torch.ones(2, 3), torch.ones(2, 3).bool(), loss_agg_mode="token-mean")
+        mixed_policy_loss(lp, lp, lp, lp, torch.ones(2, 3), torch.ones(2, 3).bool(), S(loss_agg_mode="token-mean"))
     with pytest.raises(ValueError, match="old_log_prob must have shape"):
-        mixed_policy_loss(lp, lp[:1], lp, lp, torch.ones(2, 3), torch.ones(2).bool(), loss_agg_mode="token-mean")
+        mixed_policy_loss(lp, lp[:1], lp, lp, torch.ones(2, 3), torch.ones(2).bool(), S(loss_agg_mode="token-mean"))
     with pytest.raises(ValueError, match="behaviour_log_prob must have shape"):
-        mixed_policy_loss(lp, lp, lp[:, :2], lp, torch.ones(2, 3), torch.ones(2).bool(), loss_agg_mode="token-mean")
+        mixed_policy_loss(lp, lp, lp[:, :2], lp, torch.ones(2, 3), torch.ones(2).bool(), S(loss_agg_mode="token-mean"))

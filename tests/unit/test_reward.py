@@ -22,7 +22,7 @@ from exgrpo.reward import (
     split_after_think,
 )
 from exgrpo.reward.extract import DIGIT_LABELS, LETTER_LABELS
-from recipe.exgrpo.reward import compute_score
+from recipe.exgrpo.reward import compute_score, to_verl_dict
 
 # sympy evaluates this power tower exactly: it never finishes, inside C code that holds the GIL.
 HANG = "<think>x</think> \\boxed{9^{9^{9^{9}}}}"
@@ -204,10 +204,10 @@ def test_verl_dict_has_the_same_keys_for_every_outcome():
         grade("<think>x</think> \\boxed{1}", ""),
     ]
     assert {r.outcome for r in results} == {"correct", "wrong", "no_think", "no_answer", "error"}
-    key_sets = {tuple(sorted(r.to_verl_dict())) for r in results}
+    key_sets = {tuple(sorted(to_verl_dict(r))) for r in results}
     assert key_sets == {("acc", "pred", "reward_error", "reward_queue_s", "reward_timeout", "score", "think_closed")}
     for r in results:
-        d = r.to_verl_dict()
+        d = to_verl_dict(r)
         assert isinstance(d["pred"], str)
         assert all(isinstance(v, float) for k, v in d.items() if k != "pred")
 
@@ -221,7 +221,7 @@ def test_hanging_check_times_out_and_the_pool_recovers():
         reset_reward_stats()
         hung = grade(HANG, "1", timeout_s=1.0, pool=pool, exact_shortcut=False)
         assert (hung.score, hung.outcome) == (0.0, "timeout")
-        assert hung.to_verl_dict()["reward_timeout"] == 1.0
+        assert to_verl_dict(hung)["reward_timeout"] == 1.0
         assert pool.killed == 1
         after = grade("<think>x</think> \\boxed{\\sqrt{4}}", "2", timeout_s=30.0, pool=pool, exact_shortcut=False)
         assert after.score == 1.0 and pool.started == 2

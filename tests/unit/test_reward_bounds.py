@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from exgrpo.reward import GraderPool, grade, grade_batch, last_boxed, reset_reward_stats, reward_stats
+from recipe.exgrpo.reward import to_verl_dict
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 2.0
@@ -90,7 +91,7 @@ def test_many_threads_slowest_call_stays_within_the_bound(pool):
     stats = reward_stats()
     assert stats["calls"] == len(rows) and stats["queue_s_max"] > 0
     assert max(r.queue_s for r in results) == pytest.approx(stats["queue_s_max"])
-    assert all(r.to_verl_dict()["reward_queue_s"] == r.queue_s for r in results)
+    assert all(to_verl_dict(r)["reward_queue_s"] == r.queue_s for r in results)
     assert pool.queue_stats()["waited"] > 0
 
 

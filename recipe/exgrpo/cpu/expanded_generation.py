@@ -1,15 +1,8 @@
-"""Generation with a different number of samples per prompt, through the legacy trainer's own rollout path.
+"""Check on the real stack (CPU backend, Ray, hf rollout) that generation with per-prompt sample counts works.
 
-How verl 0.9.1's legacy ``RayPPOTrainer.fit`` generates (ray_trainer.py): it takes the prompt batch, strips it to
-the generation keys (``_get_gen_batch``), repeats it ``rollout.n`` times itself
-(``gen_batch.repeat(rollout.n, interleave=True)``) and hands the already-expanded batch to
-``self.async_rollout_manager.generate_sequences(...)``. The agent-loop manager produces **exactly one response
-per row**; ``rollout.n`` plays no part in generation. So a trainer that needs K samples for fresh questions and
-K-1 for replayed ones (docs/algorithm.md, the mixed step) expands the batch with per-row counts and calls the same
-manager; ``generate_with_counts`` below is that call, with the padding verl's manager needs when it splits the
-batch across several agent-loop workers.
-
-Run as a module, it checks this on the real stack (CPU backend, Ray, hf rollout) and writes a JSON report::
+``recipe.exgrpo.generation.generate_with_counts`` is the trainer's generation (K samples per fresh prompt, K−1
+per replayed one); this script runs it once through a legacy ``RayPPOTrainer`` built as verl's task runner builds
+it, and writes a JSON report (group sizes, aligned prompts, non-empty responses, the fields verl adds)::
 
     python -m recipe.exgrpo.cpu.expanded_generation --out DIR --counts 4,3,4,3
 """
@@ -21,70 +14,24 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def expand_by_counts(gen_batch: Any, counts: Sequence[int]) -> Any:
-    """Row i of ``gen_batch`` repeated ``counts[i]`` times, consecutively (uid and all other keys repeated too)."""
-    counts = [int(c) for c in counts]
-    if len(counts) != len(gen_batch):
-        raise ValueError(f"counts has {len(counts)} entries for a batch of {len(gen_batch)} prompts")
-    if any(c < 1 for c in counts):
-        raise ValueError(f"every prompt needs at least one sample, got counts={counts}")
-    return gen_batch.sample_level_repeat(counts)
-
-
-def generate_with_counts(trainer: Any, gen_batch: Any, counts: Sequence[int], sleep_after: bool = True) -> Any:
-    """Generate ``counts[i]`` responses for prompt ``i`` with a legacy ``RayPPOTrainer``'s rollout manager.
-
-    ``gen_batch`` is what ``trainer._get_gen_batch(batch)`` returns (with ``uid`` set and
-    ``meta_info['global_steps']`` filled in). Returns one output row per sample, prompt-major, aligned with
-    ``expand_by_counts(batch, counts)`` of the full batch (repeat the full batch the same way before ``union``).
-    """
-    from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
-
-    expanded = expand_by_counts(gen_batch, counts)
-    divisor = int(trainer.config.actor_rollout_ref.rollout.agent.num_workers)
-    padded, pad_size = pad_dataproto_to_divisor(expanded, divisor)
-    output = trainer.async_rollout_manager.generate_sequences(padded)
-    if sleep_after:
-        trainer.checkpoint_manager.sleep_replicas()
-    return unpad_dataproto(output, pad_size=pad_size)
+from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
 
 
 def _build_trainer(cfg: Any) -> Any:
-    """The legacy trainer, built in this process the way verl's TaskRunner builds it."""
+    """The legacy trainer, built in this process the way verl's TaskRunner builds it (``build_trainer``)."""
     from omegaconf import OmegaConf
     from verl.trainer.main_ppo_v0 import BaseTaskRunner
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from recipe.exgrpo.main_exgrpo import build_trainer
 
     OmegaConf.resolve(cfg)
-    runner = BaseTaskRunner()
-    _, worker_group_cls = runner.add_actor_rollout_worker(cfg)
-    runner.add_reward_model_resource_pool(cfg)
-    resource_pool_manager = runner.init_resource_pool_mgr(cfg)
-    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
-    tokenizer = model_config.tokenizer
-    train = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, None, is_train=True)
-    val = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, None, is_train=False)
-    trainer = RayPPOTrainer(
-        config=cfg,
-        tokenizer=tokenizer,
-        role_worker_mapping=runner.role_worker_mapping,
-        resource_pool_manager=resource_pool_manager,
-        ray_worker_group_cls=worker_group_cls,
-        train_dataset=train,
-        val_dataset=val,
-        collate_fn=collate_fn,
-        train_sampler=create_rl_sampler(cfg.data, train),
-    )
+    trainer = build_trainer(BaseTaskRunner(), cfg, RayPPOTrainer)
     trainer.init_workers()
     return trainer
 

@@ -1,0 +1,132 @@
+"""recipe/exgrpo/config_bridge.py: every verl setting the recipe would silently ignore stops the launch before Ray
+starts, naming the key, the value and what to set; the recipe's own defaults pass."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from omegaconf import OmegaConf
+
+from exgrpo.config import ConfigError
+from recipe.exgrpo.config_bridge import (
+    UNSUPPORTED_VERL_SETTINGS,
+    StartupConfigError,
+    check_startup_config,
+    exgrpo_config_from_hydra,
+    verl_setting_problems,
+)
+
+#: The keys as verl's ppo_trainer + config/exgrpo_trainer.yaml set them (the values the recipe honours).
+SUPPORTED = {
+    "trainer": {"use_v1": False, "critic_warmup": 0, "rollout_data_dir": None},
+    "algorithm": {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std_in_grpo": False,
+        "use_kl_in_reward": False,
+        "use_pf_ppo": False,
+        "rollout_correction": {"rollout_is": None, "rollout_rs": None, "bypass_mode": False},
+    },
+    "actor_rollout_ref": {
+        "actor": {
+            "use_kl_loss": False,
+            "clip_ratio_c": 3.0,
+            "policy_loss": {"loss_mode": "vanilla"},
+            "loss_agg_mode": "seq-mean-token-sum-norm",
+            "loss_scale_factor": 8192,
+        },
+        "rollout": {"n": 8, "multi_turn": {"enable": False}},
+    },
+    "critic": {"enable": None},
+    "reward": {"reward_model": {"enable": False}},
+    "distillation": {"enabled": False},
+    "global_profiler": {"steps": None},
+    "exgrpo": {},
+}
+
+#: (key, a value the recipe would ignore, the fix the message must name)
+IGNORED = [
+    ("trainer.use_v1", True, "trainer.use_v1=false"),
+    ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator=grpo"),
+    ("algorithm.adv_estimator", "rloo", "algorithm.adv_estimator=grpo"),
+    ("algorithm.use_kl_in_reward", True, "algorithm.use_kl_in_reward=false"),
+    ("actor_rollout_ref.actor.use_kl_loss", True, "actor_rollout_ref.actor.use_kl_loss=false"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "gspo", "policy_loss.loss_mode=vanilla"),
+    ("actor_rollout_ref.actor.clip_ratio_c", 10.0, "exgrpo.dual_clip=true"),
+    ("algorithm.rollout_correction.rollout_is", "token", "rollout_is=null"),
+    ("algorithm.rollout_correction.rollout_rs", "token", "rollout_rs=null"),
+    ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode=false"),
+    ("algorithm.use_pf_ppo", True, "algorithm.use_pf_ppo=false"),
+    ("critic.enable", True, "critic.enable=false"),
+    ("trainer.critic_warmup", 5, "trainer.critic_warmup=0"),
+    ("reward.reward_model.enable", True, "reward.reward_model.enable=false"),
+    ("distillation.enabled", True, "distillation.enabled=false"),
+    ("actor_rollout_ref.rollout.multi_turn.enable", True, "multi_turn.enable=false"),
+    ("trainer.rollout_data_dir", "/tmp/rollouts", "remove trainer.rollout_data_dir"),
+    ("global_profiler.steps", [1, 2], "global_profiler.steps=null"),
+]
+
+
+def _config(**changes):
+    d = copy.deepcopy(SUPPORTED)
+    cfg = OmegaConf.create(d)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
+
+
+def test_the_recipe_defaults_pass():
+    cfg = _config()
+    assert verl_setting_problems(cfg) == []
+    assert check_startup_config(cfg).k == 8
+
+
+def test_every_unsupported_setting_has_a_test_case():
+    assert {s.key for s in UNSUPPORTED_VERL_SETTINGS} == {key for key, _, _ in IGNORED}
+
+
+@pytest.mark.parametrize(("key", "value", "fix"), IGNORED, ids=[f"{k}={v}" for k, v, _ in IGNORED])
+def test_an_ignored_verl_setting_is_rejected_naming_key_value_and_fix(key, value, fix):
+    cfg = _config(**{key: value})
+    problems = verl_setting_problems(cfg)
+    assert len(problems) == 1, problems
+    (problem,) = problems
+    assert problem.startswith(f"{key}={value!r} is not supported by the ExGRPO recipe: "), problem
+    assert fix in problem, problem
+    with pytest.raises(StartupConfigError) as err:
+        check_startup_config(cfg)
+    assert err.value.problems == problems
+    assert isinstance(err.value, ConfigError)  # callers that catch ConfigError keep working
+
+
+def test_clip_ratio_c_counts_once_the_dual_clip_is_on():
+    assert (
+        verl_setting_problems(_config(**{"actor_rollout_ref.actor.clip_ratio_c": 10.0, "exgrpo.dual_clip": True})) == []
+    )
+
+
+def test_a_value_of_the_wrong_type_is_rejected_not_crashed_on():
+    (problem,) = verl_setting_problems(_config(**{"actor_rollout_ref.actor.clip_ratio_c": "three"}))
+    assert problem.startswith("actor_rollout_ref.actor.clip_ratio_c='three' is not supported")
+
+
+def test_absent_keys_are_not_problems():
+    """An older or trimmed config without the key: nothing to ignore."""
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 4}, "actor": {}}, "exgrpo": {}})
+    assert verl_setting_problems(cfg) == []
+
+
+def test_all_problems_are_listed_together_with_those_of_the_exgrpo_block():
+    cfg = _config(**{"algorithm.adv_estimator": "gae", "trainer.use_v1": True, "exgrpo.replay_ratio": 1.5})
+    with pytest.raises(StartupConfigError) as err:
+        check_startup_config(cfg)
+    text = str(err.value)
+    assert text.startswith("3 problems in the config:")
+    assert "trainer.use_v1=True" in text and "algorithm.adv_estimator='gae'" in text
+    assert "exgrpo.replay_ratio must be a number in [0.0, 1.0)" in text
+
+
+def test_exgrpo_k_must_agree_with_rollout_n():
+    with pytest.raises(ConfigError, match=r"exgrpo.k=4 disagrees with actor_rollout_ref.rollout.n=8"):
+        exgrpo_config_from_hydra(_config(**{"exgrpo.k": 4}))
+    assert exgrpo_config_from_hydra(_config(**{"exgrpo.k": 8})).k == 8  # saying the same thing is fine
