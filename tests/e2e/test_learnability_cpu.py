@@ -3,7 +3,7 @@ real verl trainer moves the reward from its start to near its ceiling, for on-po
 
 The reward (tests/e2e/even_reward.py) is 1 when the boxed answer is an even integer: the warmed-up model's
 answers are even about half the time, and nothing but a shift of the last digit's distribution is needed, so a
-working loop reaches ~0.95 within a dozen steps (a pure-torch GRPO loop on the same model and batch reaches it
+working loop reaches ~0.95 within 20 steps (a pure-torch GRPO loop on the same model and batch reaches it
 just as fast). Each failure this is meant to catch leaves the reward where it started (or sends it down):
 
 - a broken gradient path, or a loss scale / learning rate that rounds the updates away: the policy never moves;
@@ -26,10 +26,11 @@ from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics
 pytestmark = [pytest.mark.slow]
 
 EVEN_REWARD = Path(__file__).resolve().parent / "even_reward.py"
-STEPS = 12
+STEPS = 20
 QUESTIONS = 16
 K = 8
-LR = 2e-3  # Adam on a 157k-parameter model: 1e-4 moves each weight too little per step (docs/learning.md)
+# Adam on a 157k-parameter model: 1e-4 moves each weight too little per step, 2e-3 overshoots (docs/learning.md)
+LR = 1e-3
 END_AT_LEAST = 0.8
 GAIN_AT_LEAST = 0.25
 # rollout and actor compute the same log-probs when the rollout serves the updated weights (~1e-6 in float32);
@@ -47,7 +48,7 @@ def _learn(tmp_path: Path, ray_temp_dir: str, assets, exgrpo_enable: bool) -> li
         lr=LR,
         exgrpo_enable=exgrpo_enable,
         reward_fn_path=str(EVEN_REWARD),
-        wall_limit_s=360,
+        wall_limit_s=600,
         ray_temp_dir=ray_temp_dir,
     )
     result = launch(run, assets, echo=False)
@@ -73,14 +74,14 @@ def _check_learned(steps: list[dict]) -> None:
     assert all(m["actor/grad_norm"] > 0 for m in steps), [m["actor/grad_norm"] for m in steps]
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(720)
 def test_grpo_learns_an_easy_reward(tmp_path, ray_temp_dir, cpu_assets):
     steps = _learn(tmp_path, ray_temp_dir, cpu_assets, exgrpo_enable=False)
     _check_learned(steps)
     assert all(m.get("exgrpo/replayed_questions", 0) == 0 for m in steps)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(720)
 def test_exgrpo_learns_an_easy_reward(tmp_path, ray_temp_dir, cpu_assets):
     steps = _learn(tmp_path, ray_temp_dir, cpu_assets, exgrpo_enable=True)
     _check_learned(steps)
