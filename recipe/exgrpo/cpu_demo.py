@@ -1,11 +1,15 @@
 """Tiny ExGRPO training on CPU through the real verl trainer: the README's main command.
 
-``python -m recipe.exgrpo.cpu_demo [--steps N] [--out DIR] [hydra overrides...]`` builds (or reuses) the tiny
-warmed-up Qwen2 model and the toy arithmetic data (recipe/exgrpo/cpu/assets.py, no downloads), runs
-``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend under a hard wall-clock limit, prints the per-step
-metrics as they come, and ends with a summary: reward curve, pool growth, replay activity.
+``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [hydra overrides...]`` builds
+(or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
+(recipe/exgrpo/cpu/assets.py, no downloads), runs ``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend
+under a hard wall-clock limit, prints one short line per step (the full verl log goes to ``<out>/train.log``,
+every metric to ``<out>/metrics.jsonl``), and ends with a summary and a PNG learning curve (validation
+accuracy per difficulty, batch pass rate, pool size, replayed share).
 
-The same functions drive the e2e tests and ``benchmarks/exgrpo_vs_grpo_cpu.py``.
+The same functions drive the e2e tests and the CPU benchmarks (``benchmarks/learning_cpu.py``,
+``benchmarks/exgrpo_vs_grpo_cpu.py``). The demo's settings are :data:`DEMO_SETTINGS`; how they were chosen and
+what they give is in docs/learning.md.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,32 +32,65 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass
 class ExGRPOCpuRun:
-    """Settings of a tiny CPU ExGRPO run (prompt counts per step; K = rollout_n)."""
+    """Settings of a tiny CPU ExGRPO run (prompt counts per step; K = rollout_n).
+
+    The defaults are a small, fast configuration for tests and timing benchmarks; the demo's settings (chosen so
+    that the validation accuracy rises clearly, docs/learning.md) are :data:`DEMO_SETTINGS` (:func:`demo_run`).
+    """
 
     output_dir: Path
     steps: int = 30
     train_batch_size: int = 8
     rollout_n: int = 4
     ppo_mini_batch_size: int = 8
+    # rows per forward/backward of the actor (per device); larger = fewer, bigger matmuls on CPU
+    micro_batch_size: int = 16
     # the byte-level toy tokenizer spends ~70 tokens on the chat-templated question
     max_prompt_length: int = 128
-    max_response_length: int = 16
-    # 2e-4 and above drift the tiny model away from its warm-up (validation accuracy drops for GRPO and ExGRPO
-    # alike); 3e-5..6e-5 keep it stable
-    lr: float = 5e-5
-    # the toy task reaches a batch pass rate of ~0.3-0.6 after the warm-up: start replay early enough to see it
+    # the response "</think>\boxed{1044}<|im_end|>" is 21 tokens
+    max_response_length: int = 24
+    # Adam moves each weight by about lr per step, whatever the loss scale: at 1e-4 even a trivially learnable
+    # reward rises slowly on this 157k-parameter model, at 1e-3 one step wrecks its arithmetic (docs/learning.md)
+    lr: float = 2e-4
     delayed_start_threshold: float = 0.2
     replay_ratio: float = 0.5
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = False
+    # validation: every question sampled val_n times at val_temperature (mean@val_n; 0 = greedy)
+    val_temperature: float = 1.0
+    val_n: int = 1
     resume_mode: str = "disable"
     resume_from_path: str | None = None
     exgrpo_enable: bool = True
+    # a reward file with verl's compute_score signature (None: the recipe's math-verify reward)
+    reward_fn_path: str | None = None
     wall_limit_s: float = 1500.0
     seed: int = 0
     ray_temp_dir: str | None = None
     extra_overrides: list[str] = field(default_factory=list)
+
+
+# The demo's settings (and those of benchmarks/learning_cpu.py): how they were chosen is in docs/learning.md.
+DEMO_SETTINGS: dict = dict(
+    steps=60,
+    train_batch_size=16,
+    rollout_n=8,
+    ppo_mini_batch_size=16,
+    micro_batch_size=64,
+    lr=2e-4,
+    # the paper's τ: replay starts once the batch pass rate exceeds 0.35 (the warmed-up model starts at ~0.2)
+    delayed_start_threshold=0.35,
+    test_freq=10,
+    val_before_train=True,
+    val_temperature=1.0,
+    val_n=1,
+)
+
+
+def demo_run(output_dir: str | Path, **overrides) -> ExGRPOCpuRun:
+    """An :class:`ExGRPOCpuRun` with the demo's settings; keyword arguments replace any of them."""
+    return ExGRPOCpuRun(output_dir=Path(output_dir), **{**DEMO_SETTINGS, **overrides})
 
 
 def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_file: str) -> list[str]:
@@ -67,6 +104,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         train_batch_size=run.train_batch_size,
         rollout_n=run.rollout_n,
         ppo_mini_batch_size=run.ppo_mini_batch_size,
+        micro_batch_size_per_device=run.micro_batch_size,
         max_prompt_length=run.max_prompt_length,
         max_response_length=run.max_response_length,
         lr=run.lr,
@@ -80,14 +118,18 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         experiment_name="exgrpo" if run.exgrpo_enable else "onpolicy",
     )
     overrides = cpu_overrides(spec) + [
-        # the toy task has no <think> template
-        "+reward.custom_reward_function.reward_kwargs.think_gate=false",
+        # the recipe's reward with its </think> gate on (as for the paper's Qwen-Math runs): the warmed-up model
+        # closes the think block in about half its answers (recipe/exgrpo/cpu/assets.py)
         "+reward.custom_reward_function.reward_kwargs.timeout_s=null",
         # Dr.GRPO constant normaliser L_max = the response budget of this tiny run (8192 in the 7B run)
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
         f"actor_rollout_ref.actor.loss_scale_factor={run.max_response_length}",
         "actor_rollout_ref.actor.entropy_coeff=0.001",
         "algorithm.norm_adv_by_std_in_grpo=False",
+        f"actor_rollout_ref.rollout.val_kwargs.temperature={run.val_temperature}",
+        f"actor_rollout_ref.rollout.val_kwargs.do_sample={run.val_temperature > 0}",
+        f"actor_rollout_ref.rollout.val_kwargs.n={run.val_n}",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
         f"exgrpo.enable={run.exgrpo_enable}",
         f"exgrpo.delayed_start_threshold={run.delayed_start_threshold}",
         f"exgrpo.replay_ratio={run.replay_ratio}",
@@ -95,38 +137,55 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
     ]
     if run.resume_from_path:
         overrides.append(f"trainer.resume_from_path={run.resume_from_path}")
+    if run.reward_fn_path:
+        overrides.append(f"reward.custom_reward_function.path={run.reward_fn_path}")
     return overrides + list(run.extra_overrides)
 
 
-def launch(run: ExGRPOCpuRun, assets=None, echo: bool = True) -> RunResult:
-    """Run the trainer in its own process session under ``run.wall_limit_s``; metrics go to metrics.jsonl."""
+def launch(
+    run: ExGRPOCpuRun,
+    assets=None,
+    echo: bool = True,
+    on_step: Callable[[dict], None] | None = None,
+) -> RunResult:
+    """Run the trainer in its own process session under ``run.wall_limit_s``.
+
+    Everything the trainer prints goes to ``<output_dir>/train.log``; its metrics to ``metrics.jsonl``. With
+    ``echo`` the log is copied to stdout as it grows; ``on_step`` is called with each metrics row as verl's file
+    logger writes it (the demo's short per-step line).
+    """
     if assets is None:
         from recipe.exgrpo.cpu.assets import ensure_assets
 
         assets = ensure_assets()
     run.output_dir = Path(run.output_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = run.output_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        metrics_path.unlink()
     overrides = build_overrides(run, str(assets.model_path), str(assets.train_file), str(assets.val_file))
     env = {**os.environ, **cpu_env(output_dir=run.output_dir, wall_limit_s=run.wall_limit_s)}
     cmd = [sys.executable, "-m", "recipe.exgrpo.main_exgrpo", *overrides]
     log_path = run.output_dir / "train.log"
     log_path.write_text("")
     stop = threading.Event()
-    follower = threading.Thread(target=_follow, args=(log_path, stop), daemon=True) if echo else None
-    if follower:
-        follower.start()
+    followers = []
+    if echo:
+        followers.append(threading.Thread(target=_follow_text, args=(log_path, stop), daemon=True))
+    if on_step:
+        followers.append(threading.Thread(target=_follow_metrics, args=(metrics_path, stop, on_step), daemon=True))
+    for t in followers:
+        t.start()
     try:
-        return run_in_new_session(
-            cmd, env=env, cwd=str(REPO_ROOT), timeout_s=run.wall_limit_s + 60, log_path=log_path
-        )
+        return run_in_new_session(cmd, env=env, cwd=str(REPO_ROOT), timeout_s=run.wall_limit_s + 60, log_path=log_path)
     finally:
         stop.set()
-        if follower:
-            follower.join(timeout=5)
+        for t in followers:
+            t.join(timeout=5)
 
 
-def _follow(path: Path, stop: threading.Event) -> None:
-    """Print the run's log as it grows (the per-step metric lines of verl's console logger among it)."""
+def _follow_text(path: Path, stop: threading.Event) -> None:
+    """Print the run's log as it grows."""
     with open(path, errors="replace") as f:
         while True:
             line = f.readline()
@@ -139,93 +198,133 @@ def _follow(path: Path, stop: threading.Event) -> None:
                 time.sleep(0.2)
 
 
+def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict], None]) -> None:
+    """Call ``on_step`` with each metrics row verl's file logger appends (it writes unbuffered, one line per step)."""
+    while not path.exists():
+        if stop.wait(0.2):
+            return
+    with open(path, errors="replace") as f:
+        pending = ""
+        while True:
+            chunk = f.readline()
+            if chunk:
+                pending += chunk
+                if not pending.endswith("\n"):
+                    continue
+                line, pending = pending.strip(), ""
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                data = dict(record.get("data", record))
+                data.setdefault("step", record.get("step"))
+                try:
+                    on_step(data)
+                except Exception as exc:  # a display problem must never stop the run
+                    sys.stderr.write(f"[demo] could not print step {data.get('step')}: {exc}\n")
+            elif stop.is_set():
+                break
+            else:
+                time.sleep(0.2)
+
+
 def read_metrics(output_dir: str | Path) -> list[dict]:
     """The per-step metric dicts verl's file logger wrote (one JSON line per step)."""
-    path = Path(output_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        data = row.get("data", row)
-        data.setdefault("step", row.get("step"))
-        rows.append(data)
-    return rows
+    from recipe.exgrpo.learning_curves import read_metrics_file
+
+    return read_metrics_file(Path(output_dir) / "metrics.jsonl")
 
 
-def summarize(rows: Sequence[dict]) -> str:
-    """Reward curve, pool growth and replay activity of a finished run, as text."""
-    steps = [r for r in rows if "exgrpo/batch_pass_rate" in r]
-    if not steps:
-        return "no training steps were logged"
-    lines = ["step  pass_rate  pool_traj  pool_q  retired  replayed  mixed  replayed_tokens"]
-    for r in steps:
-        lines.append(
-            f"{int(r.get('step') or r.get('training/global_step', 0)):>4}  {r['exgrpo/batch_pass_rate']:>9.3f}  "
-            f"{int(r.get('exgrpo/pool/entries', 0)):>9}  {int(r.get('exgrpo/pool/questions', 0)):>6}  "
-            f"{int(r.get('exgrpo/pool/retired', 0)):>7}  {int(r.get('exgrpo/replayed_questions', 0)):>8}  "
-            f"{int(r.get('exgrpo/mixed', 0)):>5}  {int(r.get('actor/exgrpo/replayed_tokens', 0)):>15}"
+def step_line(row: dict, total_steps: int) -> str | None:
+    """The few figures a person watches, for one metrics row (None for rows without them)."""
+    from recipe.exgrpo.learning_curves import level_name, ordered_levels, validation_by_source
+
+    parts = []
+    step = int(row.get("step") or 0)
+    val = validation_by_source(row)
+    if "exgrpo/batch_pass_rate" in row:
+        questions = row.get("exgrpo/fresh_questions", 0) + row.get("exgrpo/replayed_questions", 0)
+        pass_rate = row.get("exgrpo/sampled_pass_rate", row["exgrpo/batch_pass_rate"])
+        entries, pool_q = int(row.get("exgrpo/pool/entries", 0)), int(row.get("exgrpo/pool/questions", 0))
+        parts.append(
+            f"step {step:>3}/{total_steps}  pass rate {pass_rate:.3f}  pool {entries:>4} traj / {pool_q:>3} q"
+            f"  retired {int(row.get('exgrpo/pool/retired', 0)):>3}"
+            f"  replayed {int(row.get('exgrpo/replayed_questions', 0)):>2}/{int(questions)}"
+            f"  {row.get('timing_s/step', float('nan')):.1f} s"
         )
-    val_key = next((k for r in rows for k in r if k.startswith("val-core/") and "/acc/mean@" in k), None)
-    validation = [(int(r.get("step") or 0), r[val_key]) for r in rows if val_key and val_key in r]
-    first, last = steps[0], steps[-1]
-    n = max(1, len(steps) // 4)
-    early = sum(r["exgrpo/batch_pass_rate"] for r in steps[:n]) / n
-    late = sum(r["exgrpo/batch_pass_rate"] for r in steps[-n:]) / n
-    replayed = sum(int(r.get("exgrpo/replayed_questions", 0)) for r in steps)
-    switch = next((r.get("step") for r in steps if r.get("exgrpo/mixed")), None)
-    lines += [
-        "",
-        f"reward: batch pass rate {early:.3f} (first {n} steps) -> {late:.3f} (last {n} steps)",
-        f"pool: {int(last.get('exgrpo/pool/entries', 0))} trajectories of "
-        f"{int(last.get('exgrpo/pool/questions', 0))} questions, {int(last.get('exgrpo/pool/retired', 0))} retired "
-        f"(started at {int(first.get('exgrpo/pool/entries', 0))})",
-        f"replay: mixed mode from step {switch}; {replayed} replayed questions in total",
-        "(the batch pass rate counts the replayed members, and it drifts down as solved questions retire and stop "
-        "being drawn: validation accuracy is the learning curve)",
-    ]
-    if validation:
-        lines.append("validation accuracy (" + val_key + "): " + ", ".join(f"step {s}: {v:.3f}" for s, v in validation))
-    return "\n".join(lines)
+    if val:
+        named = {level_name(s): v for s, v in val.items()}
+        by_level = {lv: named[lv] for lv in ordered_levels(named)}
+        mean = sum(by_level.values()) / len(by_level)
+        levels = "  ".join(f"{lv} {v:.3f}" for lv, v in by_level.items())
+        prefix = "" if parts else f"step {step:>3}/{total_steps}  "
+        parts.append(f"{prefix}validation accuracy {mean:.3f}  ({levels})")
+    return "\n".join(parts) if parts else None
 
 
 def main(argv: list[str] | None = None) -> int:
+    defaults = demo_run(".")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data order, sampling and replay")
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "cpu_demo"))
     parser.add_argument("--onpolicy", action="store_true", help="plain on-policy GRPO (exgrpo.enable=false)")
     parser.add_argument("--test-freq", type=int, default=10, help="validate every N steps and before training (0: off)")
     parser.add_argument("--wall-limit", type=float, default=1500.0, help="hard wall-clock limit in seconds")
+    parser.add_argument("--verbose", action="store_true", help="print verl's full log instead of one line per step")
     parser.add_argument("overrides", nargs="*", help="extra hydra overrides, e.g. exgrpo.replay_ratio=0.25")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    if (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
     from recipe.exgrpo.cpu.assets import ensure_assets
+    from recipe.exgrpo.learning_curves import describe_run, plot_run, run_curve
 
     t0 = time.time()
-    print("[demo] building/reusing the tiny model and toy data (cached after the first run) ...", flush=True)
+    print("[demo] tiny model and toy data: building them if needed (once; cached under .cache/exgrpo-assets) ...")
     assets = ensure_assets()
-    print(f"[demo] assets ready in {time.time() - t0:.0f} s: {assets.root} (warm-up pass rate "
-          f"{assets.report.get('pass_rate', float('nan')):.2f})", flush=True)
-    run = ExGRPOCpuRun(
-        output_dir=out, steps=args.steps, exgrpo_enable=not args.onpolicy, wall_limit_s=args.wall_limit,
-        test_freq=args.test_freq, val_before_train=args.test_freq > 0, extra_overrides=list(args.overrides),
+    report = assets.report
+    spread = "  ".join(f"{lv} {r['pass_rate']:.2f}" for lv, r in report.get("per_level", {}).items())
+    print(f"[demo] assets ready in {time.time() - t0:.0f} s: {assets.root}")
+    print(f"[demo] warmed-up model: pass rate at temperature 1 on the validation questions: {spread}")
+    run = demo_run(
+        out,
+        steps=args.steps,
+        seed=args.seed,
+        exgrpo_enable=not args.onpolicy,
+        wall_limit_s=args.wall_limit,
+        test_freq=args.test_freq,
+        val_before_train=args.test_freq > 0,
+        extra_overrides=list(args.overrides),
     )
-    result = launch(run, assets)
+    arm = "ExGRPO" if run.exgrpo_enable else "on-policy GRPO"
+    print(
+        f"[demo] {arm}: {run.steps} steps of {run.train_batch_size} questions x K = {run.rollout_n}, lr {run.lr:g}, "
+        f"validation every {args.test_freq} steps (sampled at T = {run.val_temperature:g})"
+    )
+    print(f"[demo] starting Ray and verl's workers (about a minute); full log: {out / 'train.log'}", flush=True)
+
+    def show(row: dict) -> None:
+        line = step_line(row, run.steps)
+        if line:
+            print("[demo] " + line.replace("\n", "\n[demo] "), flush=True)
+
+    result = launch(run, assets, echo=args.verbose, on_step=None if args.verbose else show)
+    rows = read_metrics(out)
+    curve = run_curve(rows, label=f"{arm}, seed {run.seed}", wall_seconds=result.wall_seconds, group_size=run.rollout_n)
     print("\n" + "=" * 100)
-    print(summarize(read_metrics(out)))
-    print(f"\nwall time {result.wall_seconds:.0f} s, peak RSS {result.peak_rss_bytes / 2**30:.2f} GiB, "
-          f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}")
+    print(describe_run(curve) or "no training steps were logged")
+    print(
+        f"\nwall time {result.wall_seconds:.0f} s, peak RSS {result.peak_rss_bytes / 2**30:.2f} GiB, "
+        f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}"
+    )
+    if curve.steps:
+        png = plot_run(curve, out / "learning_curve.png", title=f"{arm} on the toy arithmetic task (CPU demo)")
+        print(f"learning curve: {png}")
     if result.timed_out:
         print(f"[demo] the run hit its wall-clock limit ({args.wall_limit:.0f} s)", file=sys.stderr)
         return 124
+    if result.returncode:
+        print(f"[demo] the trainer failed (exit status {result.returncode}); the end of its log:", file=sys.stderr)
+        print(result.log_tail(4000), file=sys.stderr)
     return int(result.returncode or 0)
 
 

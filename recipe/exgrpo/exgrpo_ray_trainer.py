@@ -106,6 +106,35 @@ def prune_pools(checkpoint_dir: str, keep: int | None) -> list[str]:
     return removed
 
 
+def rollout_actor_agreement(batch: DataProto) -> dict[str, float]:
+    """How closely the rollout's sampling log-probs match the actor's recomputed old log-probs, on generated rows.
+
+    Both come from the same weights when the weight sync works, so the gap is numerical noise (|Δ| ~1e-6 on
+    CPU float32); stale rollout weights show up as a gap of the size of one update. Replayed rows are left out:
+    their "rollout" log-probs are the stored behaviour log-probs of a past policy.
+    """
+    if "rollout_log_probs" not in batch.batch.keys() or "old_log_probs" not in batch.batch.keys():
+        return {}
+    mask = batch.batch["response_mask"].bool()
+    if IS_REPLAY_KEY in batch.batch.keys():
+        mask = mask & ~batch.batch[IS_REPLAY_KEY].bool().unsqueeze(-1)
+    if not bool(mask.any()):
+        return {}
+    rollout = batch.batch["rollout_log_probs"].float()[mask]
+    actor = batch.batch["old_log_probs"].float()[mask]
+    diff = (rollout - actor).abs()
+    return {
+        "exgrpo/rollout_actor_log_prob_diff_mean": float(diff.mean()),
+        "exgrpo/rollout_actor_log_prob_diff_max": float(diff.max()),
+    }
+
+
+def sampled_pass_rate(scores: np.ndarray, batch: DataProto) -> float:
+    """Pass rate of the responses generated this step: replayed members (stored correct answers) left out."""
+    generated = ~batch.batch[IS_REPLAY_KEY].bool().numpy()
+    return float((scores[generated] >= 1.0).mean()) if generated.any() else float("nan")
+
+
 class RayExGRPOTrainer(RayPPOTrainer):
     """verl's legacy PPO trainer with the ExGRPO experience manager between rollout and actor update."""
 
@@ -434,6 +463,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
             if self.exgrpo.enable:
                 metrics.update(self.experience.collect(self.global_steps, collection_groups(batch)))
             pass_rate = batch_pass_rate(scores)
+            metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
             self.experience.observe_pass_rate(pass_rate, self.global_steps)
             self.experience.readd_retired(self.global_steps)
         return pass_rate
@@ -526,6 +556,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 counts = generation_counts(num_fresh, len(plan), self.k)
                 batch = self._generate(batch, counts, timing_raw)
                 batch = self._score_and_select(batch, counts, num_fresh, plan, metrics, timing_raw)
+                metrics.update(rollout_actor_agreement(batch))
                 self._trace(self._step_trace)
                 self._prepare_update(batch, mixed, metrics)
                 scores = self._rewards_and_advantages(batch, timing_raw)

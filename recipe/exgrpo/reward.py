@@ -4,7 +4,7 @@ Wiring (``main_exgrpo`` fills path/name when left null)::
 
     reward.custom_reward_function.path=pkg://recipe.exgrpo.reward   # or the file path of this module
     reward.custom_reward_function.name=compute_score
-    +reward.custom_reward_function.reward_kwargs.think_gate=false   # Llama base, toy arithmetic
+    +reward.custom_reward_function.reward_kwargs.think_gate=false   # Llama base
     +reward.custom_reward_function.reward_kwargs.timeout_s=10
 
 How verl calls it: ``verl.trainer.ppo.reward.get_custom_reward_fn`` wraps this function so that

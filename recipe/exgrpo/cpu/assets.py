@@ -44,12 +44,13 @@ from data_preprocess.toy_arithmetic import (
     ToyArithmeticConfig,
     answer,
     generate_splits,
+    held_out_questions,
     question_text,
     write_parquet,
 )
 
 # Bump when the builder's behaviour changes in a way the settings below do not capture.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CACHE_ROOT = REPO_ROOT / ".cache" / "exgrpo-assets"
 CACHE_ENV = "EXGRPO_ASSETS_CACHE"
@@ -83,16 +84,21 @@ class TinyModelSpec:
 class WarmupSpec:
     """Supervised warm-up: next-token loss on the response (``\\boxed{answer}<|im_end|>``) of toy questions."""
 
-    steps: int = 600
+    steps: int = 780
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 50
     weight_decay: float = 0.0
     seed: int = 0
-    eval_questions: int = 64
-    eval_samples_per_question: int = 4
+    # SFT questions drawn from each difficulty level, outside the RL and validation splits
+    questions_per_level: int = 8000
+    # SFT targets are "</think>\\boxed{<answer>}"; this share of them omits the "</think>" (a format slip the
+    # warmed-up model then makes at about that rate, and that the recipe's think-gated reward trains away)
+    unclosed_think_rate: float = 0.5
+    # the report's spread: every validation question sampled this many times (K of the RL runs)
+    eval_samples_per_question: int = 8
     eval_temperature: float = 1.0
-    eval_max_new_tokens: int = 16
+    eval_max_new_tokens: int = 24
 
 
 @dataclass(frozen=True)
@@ -196,8 +202,11 @@ def save_model(model, tokenizer, path: Path) -> None:
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
-def response_text(ground_truth: str) -> str:
-    return f"\\boxed{{{ground_truth}}}"
+THINK_CLOSE = "</think>"
+
+
+def response_text(ground_truth: str, close_think: bool = True) -> str:
+    return f"{THINK_CLOSE if close_think else ''}\\boxed{{{ground_truth}}}"
 
 
 def last_boxed(text: str) -> str | None:
@@ -205,30 +214,46 @@ def last_boxed(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def _encode_example(tokenizer, question: str, ground_truth: str) -> tuple[list[int], int]:
+def _encode_example(tokenizer, question: str, ground_truth: str, close_think: bool = True) -> tuple[list[int], int]:
     """Prompt + response ids and the number of prompt tokens (the loss covers only the response)."""
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
     )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    response_ids = tokenizer.encode(response_text(ground_truth), add_special_tokens=False) + [tokenizer.eos_token_id]
+    response_ids = tokenizer.encode(response_text(ground_truth, close_think), add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
     return prompt_ids + response_ids, len(prompt_ids)
 
 
-def warmup_questions(data: ToyArithmeticConfig) -> list[tuple[int, str, int]]:
-    """Questions of the same kind as the toy splits but disjoint from them (RL and validation stay unseen)."""
-    splits = generate_splits(data)
-    held_out = {row["extra_info"]["question_id"] for rows in splits.values() for row in rows}
-    from data_preprocess.toy_arithmetic import question_id
+def warmup_questions(data: ToyArithmeticConfig, per_level: int, seed: int = 0) -> dict[str, list[tuple[int, str, int]]]:
+    """Per level, questions of the toy splits' kind but in neither split (RL and validation stay unseen)."""
+    out: dict[str, list[tuple[int, str, int]]] = {}
+    for q, level in held_out_questions(data, per_level, seed=seed):
+        out.setdefault(level, []).append(q)
+    return out
 
-    return [q for q in data.all_questions() if question_id(*q) not in held_out]
 
+def sft_warmup(
+    model, tokenizer, questions: dict[str, list[tuple[int, str, int]]] | list[tuple[int, str, int]], spec: WarmupSpec
+) -> dict[str, float]:
+    """Plain next-token SFT on the response tokens (AdamW, linear warm-up then cosine decay).
 
-def sft_warmup(model, tokenizer, questions: list[tuple[int, str, int]], spec: WarmupSpec) -> dict[str, float]:
-    """Plain next-token SFT on the response tokens (AdamW, linear warm-up then cosine decay)."""
+    ``questions`` per level: every example draws a level uniformly, then a question of it, so each level gets the
+    same share of the warm-up however many distinct questions it has (a plain list is one level).
+    """
     rng = random.Random(spec.seed)
     torch.manual_seed(spec.seed)
-    examples = [_encode_example(tokenizer, question_text(*q), str(answer(*q))) for q in questions]
+    by_level = questions if isinstance(questions, dict) else {"all": questions}
+
+    def encode(q: tuple[int, str, int]) -> tuple[tuple[list[int], int], tuple[list[int], int]]:
+        closed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=True)
+        unclosed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=False)
+        return closed, unclosed
+
+    pools = [[encode(q) for q in qs] for qs in by_level.values() if qs]
+    if not pools:
+        raise ValueError("the SFT warm-up got no questions")
     pad = tokenizer.pad_token_id
     optim = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
 
@@ -241,8 +266,12 @@ def sft_warmup(model, tokenizer, questions: list[tuple[int, str, int]], spec: Wa
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
     model.train()
     losses = []
-    for _ in range(spec.steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
+    from tqdm import tqdm
+
+    for _ in tqdm(range(spec.steps), desc="SFT warm-up of the tiny model", unit="step", mininterval=2.0):
+        picked = [pools[rng.randrange(len(pools))] for _ in range(spec.batch_size)]
+        pairs = [pool[rng.randrange(len(pool))] for pool in picked]
+        batch = [unclosed if rng.random() < spec.unclosed_think_rate else closed for closed, unclosed in pairs]
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -264,7 +293,7 @@ def sft_warmup(model, tokenizer, questions: list[tuple[int, str, int]], spec: Wa
 
 
 @torch.no_grad()
-def pass_rate(
+def success_counts(
     model,
     tokenizer,
     rows: list[dict],
@@ -272,8 +301,13 @@ def pass_rate(
     temperature: float,
     max_new_tokens: int,
     seed: int = 0,
-) -> dict[str, float]:
-    """Fraction of sampled responses whose last ``\\boxed{}`` equals the ground truth, plus per-question spread."""
+    think_gate: bool = True,
+) -> list[int]:
+    """For each row, how many of ``samples_per_question`` sampled responses have the right last ``\\boxed{}``.
+
+    With ``think_gate`` (the recipe's reward default) only the text after ``</think>`` counts and a response
+    without it scores 0; without it, any response whose last ``\\boxed{}`` is right counts (the arithmetic).
+    """
     from transformers import GenerationConfig
 
     torch.manual_seed(seed)
@@ -296,18 +330,40 @@ def pass_rate(
         pad_token_id=pad,
         bos_token_id=None,
     )
-    correct = torch.zeros(len(rows))
+    correct = [0] * len(rows)
     for _ in range(samples_per_question):
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg)
         texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         for i, (row, text) in enumerate(zip(rows, texts, strict=True)):
-            correct[i] += float(last_boxed(text) == row["reward_model"]["ground_truth"])
-    per_question = correct / samples_per_question
-    return {
-        "pass_rate": float(per_question.mean()),
-        "all_solved_fraction": float((per_question == 1).float().mean()),
-        "none_solved_fraction": float((per_question == 0).float().mean()),
-    }
+            if think_gate:
+                if THINK_CLOSE not in text:
+                    continue
+                text = text.rsplit(THINK_CLOSE, 1)[1]
+            correct[i] += int(last_boxed(text) == row["reward_model"]["ground_truth"])
+    return correct
+
+
+def spread_report(rows: list[dict], counts: list[int], samples_per_question: int) -> dict[str, Any]:
+    """Pass rate and per-question success-count histogram (k = 0..K), overall and per difficulty level.
+
+    The histogram is what ExGRPO's buckets feed on: questions with 0 < k < K are partially solved and enter the
+    experience pool; k = K questions retire; k = 0 ones give no learning signal.
+    """
+
+    def summary(ks: list[int]) -> dict[str, Any]:
+        n = max(1, len(ks))
+        return {
+            "questions": len(ks),
+            "pass_rate": sum(ks) / (n * samples_per_question),
+            "all_solved_fraction": sum(k == samples_per_question for k in ks) / n,
+            "none_solved_fraction": sum(k == 0 for k in ks) / n,
+            "success_count_histogram": [sum(k == j for k in ks) for j in range(samples_per_question + 1)],
+        }
+
+    by_level: dict[str, list[int]] = {}
+    for row, k in zip(rows, counts, strict=True):
+        by_level.setdefault(row["extra_info"].get("difficulty", "all"), []).append(k)
+    return {**summary(list(counts)), "per_level": {level: summary(ks) for level, ks in by_level.items()}}
 
 
 # ---------------------------------------------------------------------------------------------- build + cache
@@ -321,29 +377,33 @@ def build_assets(out_dir: str | Path, spec: AssetSpec | None = None) -> Assets:
     save_model(model, tokenizer, root / "model_init")
     write_parquet(root / "data", spec.data)
 
-    questions = warmup_questions(spec.data)
+    questions = warmup_questions(spec.data, spec.warmup.questions_per_level, seed=spec.warmup.seed)
     t0 = time.perf_counter()
     losses = sft_warmup(model, tokenizer, questions, spec.warmup)
     warmup_seconds = time.perf_counter() - t0
     save_model(model, tokenizer, root / "model")
 
-    val_rows = generate_splits(spec.data)["val"][: spec.warmup.eval_questions]
+    val_rows = generate_splits(spec.data)["val"]
     t1 = time.perf_counter()
-    evaluation = pass_rate(
-        model,
-        tokenizer,
-        val_rows,
-        samples_per_question=spec.warmup.eval_samples_per_question,
+    k = spec.warmup.eval_samples_per_question
+    sampling = dict(
+        samples_per_question=k,
         temperature=spec.warmup.eval_temperature,
         max_new_tokens=spec.warmup.eval_max_new_tokens,
         seed=spec.warmup.seed,
     )
+    # what the think-gated reward gives (the spread RL sees), and the arithmetic alone (any last \boxed{})
+    evaluation = spread_report(val_rows, success_counts(model, tokenizer, val_rows, **sampling), k)
+    arithmetic = spread_report(val_rows, success_counts(model, tokenizer, val_rows, think_gate=False, **sampling), k)
+    evaluation["answer_pass_rate"] = arithmetic["pass_rate"]
+    for level, figures in arithmetic["per_level"].items():
+        evaluation["per_level"][level]["answer_pass_rate"] = figures["pass_rate"]
     report = {
         "spec": spec.to_dict(),
         "digest": spec.digest(),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
-        "warmup_questions": len(questions),
+        "warmup_questions": sum(len(qs) for qs in questions.values()),
         "warmup_seconds": round(warmup_seconds, 2),
         "eval_seconds": round(time.perf_counter() - t1, 2),
         "torch_threads": torch.get_num_threads(),

@@ -1,0 +1,155 @@
+"""ExGRPO vs on-policy GRPO: validation accuracy over training on the CPU toy task, several seeds per arm.
+
+    python benchmarks/learning_cpu.py [--out outputs/learning_cpu] [--seeds 1,2,3] [--arms grpo,exgrpo,...]
+
+The protocol is fixed here, before running (module constants below): both arms use the CPU demo's settings
+(``recipe.exgrpo.cpu_demo.DEMO_SETTINGS``: model, data, batch, K, learning rate, validation) with the same seeds;
+the only difference is ``exgrpo.enable`` (on-policy GRPO = false, through the same trainer). For the same number
+of steps ExGRPO *generates* fewer responses (K−1 for a replayed question instead of K), so the comparison never
+favours it on generation budget; the table lists the responses each arm generated.
+
+Outputs in ``--out``: ``runs/<arm>_seed<s>/`` (verl's log and metrics of each run), ``learning_cpu.csv`` (every
+point of every run), ``learning_cpu.png`` (mean ± std over seeds per arm), ``learning_cpu.md`` (the table: start,
+final and best validation accuracy, area under the curve, steps to the target accuracy, final accuracy per
+difficulty level, generated responses, wall time). Runs already finished in ``--out`` are reused (``--fresh``
+re-runs them), so an interrupted benchmark resumes where it stopped.
+
+The figures and the machine they came from are in docs/learning.md. Run it on a quiet machine (the wall times are
+part of the table); each run takes about as long as the demo (~3 minutes on 2 cores). With the demo's settings the
+ExGRPO arm is the demo itself, so its rows also give the demo's seed-to-seed spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from recipe.exgrpo.cpu_demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
+from recipe.exgrpo.learning_curves import (  # noqa: E402
+    markdown_table,
+    plot_arms,
+    read_metrics_file,
+    run_curve,
+    summarize_arms,
+    write_csv,
+)
+
+# ---- the protocol, fixed before running ------------------------------------------------------------------------
+# name -> (exgrpo.enable, extra hydra overrides). The comparison is grpo vs exgrpo; the others are the recipe's
+# ablation switches, for the analysis in docs/learning.md (selected with --arms).
+ARMS: dict[str, tuple[bool, list[str]]] = {
+    "grpo": (False, []),
+    "exgrpo": (True, []),
+    "exgrpo_no_shaping": (True, ["exgrpo.shaping=none"]),  # replayed tokens weighted by the plain ratio w
+    "exgrpo_rho_0.25": (True, ["exgrpo.replay_ratio=0.25"]),  # a quarter of each batch replayed instead of half
+    "exgrpo_tau_0.5": (True, ["exgrpo.delayed_start_threshold=0.5"]),  # replay starts later
+}
+DEFAULT_ARMS = ("grpo", "exgrpo")
+SEEDS = (1, 2, 3)
+STEPS = DEMO_SETTINGS["steps"]
+# validation before training and every 10 steps (as the demo): all 384 questions, one sample each at T = 1
+TEST_FREQ = DEMO_SETTINGS["test_freq"]
+# "steps to target": the first validation at or above this accuracy (the warmed-up model starts at ~0.20)
+TARGET_ACCURACY = 0.35
+WALL_LIMIT_S = 1200
+
+
+def run_one(arm: str, seed: int, out: Path, assets, fresh: bool) -> dict:
+    """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
+    run_dir = out / "runs" / f"{arm}_seed{seed}"
+    done = run_dir / "done.json"
+    if done.exists() and not fresh:
+        info = json.loads(done.read_text())
+        print(f"[learning_cpu] {arm} seed {seed}: reusing the finished run in {run_dir}", flush=True)
+        return {"rows": read_metrics_file(run_dir / "metrics.jsonl"), "wall_seconds": info["wall_seconds"]}
+    run = demo_run(
+        run_dir,
+        steps=STEPS,
+        seed=seed,
+        exgrpo_enable=ARMS[arm][0],
+        extra_overrides=list(ARMS[arm][1]),
+        test_freq=TEST_FREQ,
+        val_before_train=True,
+        wall_limit_s=WALL_LIMIT_S,
+        ray_temp_dir=tempfile.mkdtemp(prefix="exglc-", dir="/tmp"),
+    )
+    print(f"[learning_cpu] {arm} seed {seed}: running ({run_dir / 'train.log'}) ...", flush=True)
+    t0 = time.time()
+    result = launch(run, assets, echo=False)
+    if result.timed_out or result.returncode != 0:
+        print(result.log_tail(), file=sys.stderr)
+        raise SystemExit(f"{arm} seed {seed} failed (exit {result.returncode}); log: {result.log_path}")
+    rows = read_metrics_file(run_dir / "metrics.jsonl")
+    done.write_text(json.dumps({"wall_seconds": result.wall_seconds, "finished": time.time()}) + "\n")
+    print(f"[learning_cpu] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+    return {"rows": rows, "wall_seconds": result.wall_seconds}
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "learning_cpu"))
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default: 1,2,3)")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
+    parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from recipe.exgrpo.cpu.assets import ensure_assets
+
+    assets = ensure_assets()
+    k = DEMO_SETTINGS["rollout_n"]
+    curves: dict[str, list] = {arm: [] for arm in arms}
+    for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
+        for arm in arms:
+            res = run_one(arm, seed, out, assets, args.fresh)
+            curves[arm].append(
+                (seed, run_curve(res["rows"], f"{arm} seed {seed}", wall_seconds=res["wall_seconds"], group_size=k))
+            )
+    write_csv(curves, out / "learning_cpu.csv")
+    by_arm = {arm: [c for _, c in runs] for arm, runs in curves.items()}
+    summaries = summarize_arms(by_arm, TARGET_ACCURACY)
+    settings = ", ".join(f"{key}={value}" for key, value in DEMO_SETTINGS.items() if key not in ("test_freq",))
+    header = (
+        f"ExGRPO vs on-policy GRPO on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
+        f"steps; settings: {settings}; assets {assets.root.name}; commit {_git_commit()}; "
+        f"{platform.node() or 'host'} ({platform.processor() or platform.machine()}, "
+        f"{len(__import__('os').sched_getaffinity(0))} cores)\n\n"
+    )
+    header += (
+        "arms: "
+        + "; ".join(f"{arm} = exgrpo.enable={ARMS[arm][0]}" + "".join(f" {o}" for o in ARMS[arm][1]) for arm in arms)
+        + "\n\n"
+    )
+    table = markdown_table(summaries, TARGET_ACCURACY)
+    (out / "learning_cpu.md").write_text(header + table)
+    png = plot_arms(by_arm, out / "learning_cpu.png", title=f"ExGRPO vs GRPO, CPU toy task ({len(seeds)} seeds)")
+    print("\n" + header + table)
+    print(f"csv: {out / 'learning_cpu.csv'}\ntable: {out / 'learning_cpu.md'}\nplot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""Learning curves of CPU runs: parse verl's metrics file, draw the demo's PNG, aggregate seeds per arm.
+
+Used by the CPU demo (``recipe.exgrpo.cpu_demo``: one run, one PNG) and by ``benchmarks/learning_cpu.py``
+(ExGRPO vs on-policy GRPO over seeds: a CSV of every point, a PNG of mean ± spread per arm, a Markdown table).
+Input is what verl's ``file`` logger writes (``metrics.jsonl``, one JSON line per logged step); the validation
+accuracy comes from verl's ``val-core/<data_source>/<acc|reward>/mean@N`` keys, one per difficulty level when
+the data is the toy arithmetic task (its ``data_source`` is ``toy_arithmetic_<level>``).
+
+Nothing here imports verl or Ray; matplotlib is imported only to draw.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VAL_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+# the recipe's reward logs whether each response closed its think block (the toy task's format)
+THINK_KEY = re.compile(r"^val-aux/(?P<source>[^/]+)/think_closed/mean@(?P<n>\d+)$")
+DEFAULT_SOURCE_PREFIX = "toy_arithmetic_"
+
+
+# ---------------------------------------------------------------------------------------------- one run
+def read_metrics_file(path: str | Path) -> list[dict[str, Any]]:
+    """The per-step metric dicts of verl's file logger (``{"step": n, "data": {...}}`` per line).
+
+    Lines that are not JSON (a run killed mid-write) are skipped; each dict gets its ``step``.
+    """
+    rows = []
+    path = Path(path)
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        data = dict(record.get("data", record))
+        data.setdefault("step", record.get("step"))
+        rows.append(data)
+    return rows
+
+
+def validation_by_source(row: Mapping[str, Any]) -> dict[str, float]:
+    """``data_source -> mean@N`` validation score of one metrics row (``acc`` when logged, else ``reward``)."""
+    found: dict[str, tuple[int, float]] = {}
+    for key, value in row.items():
+        m = VAL_KEY.match(key)
+        if not m or not isinstance(value, (int, float)):
+            continue
+        rank = 0 if m["var"] == "acc" else 1 if m["var"] == "reward" else 2
+        if rank == 2:
+            continue
+        source = m["source"]
+        if source not in found or rank < found[source][0]:
+            found[source] = (rank, float(value))
+    return {source: value for source, (_, value) in found.items()}
+
+
+LEVEL_ORDER = ("easy", "medium", "hard")
+
+
+def ordered_levels(names) -> list[str]:
+    """The toy task's levels in difficulty order, any other names after them alphabetically."""
+    return sorted(names, key=lambda n: (LEVEL_ORDER.index(n) if n in LEVEL_ORDER else len(LEVEL_ORDER), n))
+
+
+def level_name(source: str, prefix: str = DEFAULT_SOURCE_PREFIX) -> str:
+    return source[len(prefix) :] if source.startswith(prefix) and len(source) > len(prefix) else source
+
+
+@dataclass
+class RunCurve:
+    """Per-step figures of one run (training steps) and its validation points (step 0 = before training)."""
+
+    label: str
+    steps: list[int] = field(default_factory=list)
+    sampled_pass_rate: list[float] = field(default_factory=list)
+    batch_pass_rate: list[float] = field(default_factory=list)
+    pool_entries: list[float] = field(default_factory=list)
+    pool_questions: list[float] = field(default_factory=list)
+    retired: list[float] = field(default_factory=list)
+    replayed_share: list[float] = field(default_factory=list)
+    generated_rollouts: list[float] = field(default_factory=list)  # cumulative, replayed members not counted
+    step_seconds: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_acc: list[float] = field(default_factory=list)
+    val_by_level: dict[str, list[float]] = field(default_factory=dict)
+    # share of validation responses that close the think block (mean over levels; empty when not logged)
+    val_think_closed: list[float] = field(default_factory=list)
+    wall_seconds: float | None = None
+
+    @property
+    def levels(self) -> list[str]:
+        return list(self.val_by_level)
+
+
+def run_curve(
+    rows: Sequence[Mapping[str, Any]],
+    label: str = "run",
+    level_weights: Mapping[str, float] | None = None,
+    wall_seconds: float | None = None,
+    group_size: int | None = None,
+) -> RunCurve:
+    """Parse one run's metrics rows into a :class:`RunCurve`.
+
+    The overall validation accuracy is the mean over levels weighted by ``level_weights`` (validation questions
+    per level; equal weights when None: the toy task's levels have equal sizes). ``group_size`` (K) counts the
+    generated responses: K per fresh question, K-1 per replayed one (NaN when not given).
+    """
+    curve = RunCurve(label=label, wall_seconds=wall_seconds)
+    total_generated = 0.0
+    for row in sorted(rows, key=lambda r: int(r.get("step") or 0)):
+        step = int(row.get("step") or 0)
+        if "exgrpo/batch_pass_rate" in row:
+            questions = float(row.get("exgrpo/fresh_questions", 0)) + float(row.get("exgrpo/replayed_questions", 0))
+            replayed = float(row.get("exgrpo/replayed_questions", 0))
+            total_generated += questions * group_size - replayed if group_size else math.nan
+            curve.steps.append(step)
+            curve.batch_pass_rate.append(float(row["exgrpo/batch_pass_rate"]))
+            curve.sampled_pass_rate.append(float(row.get("exgrpo/sampled_pass_rate", row["exgrpo/batch_pass_rate"])))
+            curve.pool_entries.append(float(row.get("exgrpo/pool/entries", 0)))
+            curve.pool_questions.append(float(row.get("exgrpo/pool/questions", 0)))
+            curve.retired.append(float(row.get("exgrpo/pool/retired", 0)))
+            curve.replayed_share.append(replayed / questions if questions else 0.0)
+            curve.generated_rollouts.append(total_generated)
+            curve.step_seconds.append(float(row.get("timing_s/step", math.nan)))
+        by_source = validation_by_source(row)
+        if by_source:
+            named = {level_name(s): v for s, v in by_source.items()}
+            by_level = {lv: named[lv] for lv in ordered_levels(named)}
+            weights = {lv: float((level_weights or {}).get(lv, 1.0)) for lv in by_level}
+            overall = sum(by_level[lv] * weights[lv] for lv in by_level) / sum(weights.values())
+            curve.val_steps.append(step)
+            curve.val_acc.append(overall)
+            for lv, v in by_level.items():
+                curve.val_by_level.setdefault(lv, []).append(v)
+            closed = [float(v) for k, v in row.items() if THINK_KEY.match(k) and isinstance(v, (int, float))]
+            if closed:
+                curve.val_think_closed.append(sum(closed) / len(closed))
+    return curve
+
+
+def describe_run(curve: RunCurve) -> str:
+    """One paragraph: validation accuracy start → end (per level), sampled pass rate early → late, the pool."""
+    lines = []
+    if curve.val_acc:
+        points = ", ".join(f"step {s}: {v:.3f}" for s, v in zip(curve.val_steps, curve.val_acc))
+        lines.append(f"validation accuracy: {points}")
+        start, end = curve.val_acc[0], curve.val_acc[-1]
+        lines.append(f"  {start:.3f} -> {end:.3f} ({100 * (end - start):+.1f} points)")
+        for lv, values in curve.val_by_level.items():
+            lines.append(
+                f"  {lv:<8} {values[0]:.3f} -> {values[-1]:.3f} ({100 * (values[-1] - values[0]):+.1f} points)"
+            )
+        if len(curve.val_think_closed) == len(curve.val_acc):
+            first, last = curve.val_think_closed[0], curve.val_think_closed[-1]
+            lines.append(f"  answers that close the think block: {first:.3f} -> {last:.3f}")
+    if curve.sampled_pass_rate:
+        n = max(1, len(curve.steps) // 4)
+        early = statistics.fmean(curve.sampled_pass_rate[:n])
+        late = statistics.fmean(curve.sampled_pass_rate[-n:])
+        lines.append(f"sampled pass rate: {early:.3f} (first {n} steps) -> {late:.3f} (last {n} steps)")
+        lines.append(
+            f"pool: {int(curve.pool_entries[-1])} trajectories of {int(curve.pool_questions[-1])} questions, "
+            f"{int(curve.retired[-1])} retired; replayed share of the last step {curve.replayed_share[-1]:.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Path:
+    """The demo's PNG: validation accuracy (overall and per level) and the sampled pass rate per step; pool size
+    and replayed share per step."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    if curve.val_steps:
+        top.plot(curve.val_steps, curve.val_acc, "o-", color="black", lw=2, label="validation accuracy")
+        for lv, values in curve.val_by_level.items():
+            top.plot(curve.val_steps, values, ".--", lw=1, label=f"validation: {lv}")
+    if curve.val_think_closed and len(curve.val_think_closed) == len(curve.val_steps):
+        top.plot(
+            curve.val_steps, curve.val_think_closed, "s:", color="tab:brown", lw=1, label="validation: think closed"
+        )
+    if curve.steps:
+        top.plot(
+            curve.steps,
+            curve.sampled_pass_rate,
+            "-",
+            color="tab:gray",
+            alpha=0.7,
+            label="batch pass rate (sampled responses)",
+        )
+    top.set_ylabel("accuracy")
+    top.set_ylim(0, 1)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="best")
+    top.set_title(title or curve.label)
+    if curve.steps:
+        bottom.plot(curve.steps, curve.pool_entries, "-", color="tab:green", label="pool trajectories")
+        bottom.set_ylabel("pool trajectories")
+        share = bottom.twinx()
+        share.plot(curve.steps, curve.replayed_share, "-", color="tab:purple", label="replayed share")
+        share.set_ylabel("replayed share of questions")
+        share.set_ylim(0, 1)
+        handles = bottom.get_legend_handles_labels()[0] + share.get_legend_handles_labels()[0]
+        bottom.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    bottom.set_xlabel("training step")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- arms × seeds
+@dataclass
+class ArmSummary:
+    arm: str
+    runs: int
+    final: tuple[float, float]  # mean, sample std over seeds
+    best: tuple[float, float]
+    auc: tuple[float, float]
+    steps_to_target: list[int | None]
+    final_by_level: dict[str, tuple[float, float]]
+    start: tuple[float, float]
+    wall_seconds: tuple[float, float]
+    generated_rollouts: tuple[float, float]
+
+
+def _mean_std(values: Iterable[float]) -> tuple[float, float]:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def area_under_curve(steps: Sequence[int], values: Sequence[float]) -> float:
+    """Trapezoidal area under the validation curve divided by its step span: the curve's mean height (0..1)."""
+    if len(steps) < 2:
+        return values[0] if values else math.nan
+    area = sum((steps[i + 1] - steps[i]) * (values[i] + values[i + 1]) / 2 for i in range(len(steps) - 1))
+    return area / (steps[-1] - steps[0])
+
+
+def steps_to_target(steps: Sequence[int], values: Sequence[float], target: float) -> int | None:
+    """First validation step whose accuracy is at least ``target`` (None: never reached)."""
+    return next((s for s, v in zip(steps, values) if v >= target), None)
+
+
+def summarize_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], target: float) -> list[ArmSummary]:
+    out = []
+    for arm, curves in curves_by_arm.items():
+        levels = ordered_levels({lv for c in curves for lv in c.val_by_level})
+        out.append(
+            ArmSummary(
+                arm=arm,
+                runs=len(curves),
+                final=_mean_std(c.val_acc[-1] for c in curves if c.val_acc),
+                best=_mean_std(max(c.val_acc) for c in curves if c.val_acc),
+                auc=_mean_std(area_under_curve(c.val_steps, c.val_acc) for c in curves if c.val_acc),
+                steps_to_target=[steps_to_target(c.val_steps, c.val_acc, target) for c in curves],
+                final_by_level={
+                    lv: _mean_std(c.val_by_level[lv][-1] for c in curves if c.val_by_level.get(lv)) for lv in levels
+                },
+                start=_mean_std(c.val_acc[0] for c in curves if c.val_acc),
+                wall_seconds=_mean_std(c.wall_seconds for c in curves if c.wall_seconds is not None),
+                generated_rollouts=_mean_std(c.generated_rollouts[-1] for c in curves if c.generated_rollouts),
+            )
+        )
+    return out
+
+
+def _pm(mean_std: tuple[float, float], digits: int = 3) -> str:
+    mean, std = mean_std
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(summaries: Sequence[ArmSummary], target: float) -> str:
+    """One row per arm: mean ± std over seeds of the validation figures, steps to target per seed, wall time."""
+    levels = ordered_levels({lv for s in summaries for lv in s.final_by_level})
+    head = (
+        ["arm", "seeds", "start", "final", "best", "AUC", f"steps to {target:.2f}"]
+        + [f"final {lv}" for lv in levels]
+        + ["rollouts generated", "wall s"]
+    )
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for s in summaries:
+        reached = [str(x) if x is not None else "—" for x in s.steps_to_target]
+        cells = (
+            [s.arm, str(s.runs), _pm(s.start), _pm(s.final), _pm(s.best), _pm(s.auc), ", ".join(reached)]
+            + [_pm(s.final_by_level.get(lv, (math.nan, math.nan))) for lv in levels]
+            + [_pm(s.generated_rollouts, 0), _pm(s.wall_seconds, 0)]
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = (
+    "arm",
+    "seed",
+    "kind",
+    "step",
+    "val_acc",
+    "level",
+    "value",
+    "sampled_pass_rate",
+    "pool_entries",
+    "replayed_share",
+    "generated_rollouts",
+)
+
+
+def write_csv(curves_by_arm: Mapping[str, Sequence[tuple[int, RunCurve]]], path: str | Path) -> Path:
+    """Every point of every run: ``kind=val`` rows (overall accuracy plus one row per level) and ``kind=train``
+    rows (sampled pass rate, pool, replayed share, generated rollouts per step)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for arm, runs in curves_by_arm.items():
+            for seed, c in runs:
+                for i, step in enumerate(c.val_steps):
+                    writer.writerow({"arm": arm, "seed": seed, "kind": "val", "step": step, "val_acc": c.val_acc[i]})
+                    for lv, values in c.val_by_level.items():
+                        writer.writerow(
+                            {
+                                "arm": arm,
+                                "seed": seed,
+                                "kind": "val_level",
+                                "step": step,
+                                "level": lv,
+                                "value": values[i],
+                            }
+                        )
+                for i, step in enumerate(c.steps):
+                    writer.writerow(
+                        {
+                            "arm": arm,
+                            "seed": seed,
+                            "kind": "train",
+                            "step": step,
+                            "sampled_pass_rate": c.sampled_pass_rate[i],
+                            "pool_entries": c.pool_entries[i],
+                            "replayed_share": c.replayed_share[i],
+                            "generated_rollouts": c.generated_rollouts[i],
+                        }
+                    )
+    return path
+
+
+def _band(curves: Sequence[RunCurve], attr_steps: str, attr_values: str) -> tuple[list[int], list[float], list[float]]:
+    """Mean and sample std at the steps every run has."""
+    common = sorted(set.intersection(*(set(getattr(c, attr_steps)) for c in curves))) if curves else []
+    means, stds = [], []
+    for s in common:
+        vals = [getattr(c, attr_values)[getattr(c, attr_steps).index(s)] for c in curves]
+        means.append(statistics.fmean(vals))
+        stds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return common, means, stds
+
+
+def plot_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path, title: str = "") -> Path:
+    """Mean ± std (over seeds) of the validation accuracy and of the sampled pass rate per arm."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (arm, curves) in enumerate(curves_by_arm.items()):
+        color = f"C{i}"
+        steps, mean, std = _band(curves, "val_steps", "val_acc")
+        left.plot(steps, mean, "o-", color=color, label=f"{arm} (n={len(curves)})")
+        left.fill_between(
+            steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
+        )
+        steps, mean, std = _band(curves, "steps", "sampled_pass_rate")
+        right.plot(steps, mean, "-", color=color, label=arm)
+        right.fill_between(
+            steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
+        )
+    left.set_title("validation accuracy (mean ± std over seeds)")
+    right.set_title("batch pass rate of the sampled responses")
+    for ax in (left, right):
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,175 @@
+"""The curve/table writer of the CPU demo and benchmarks/learning_cpu.py, on hand-made verl metrics files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from recipe.exgrpo.learning_curves import (
+    area_under_curve,
+    describe_run,
+    markdown_table,
+    plot_arms,
+    plot_run,
+    read_metrics_file,
+    run_curve,
+    steps_to_target,
+    summarize_arms,
+    validation_by_source,
+    write_csv,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _val(step: int, easy: float, hard: float) -> dict:
+    return {
+        "val-core/toy_arithmetic_easy/acc/mean@1": easy,
+        "val-core/toy_arithmetic_hard/acc/mean@1": hard,
+        # verl also logs aux figures and other variables: ignored
+        "val-aux/toy_arithmetic_easy/acc/std@1": 0.5,
+        "val-aux/toy_arithmetic_easy/score/mean@1": 0.0,
+        "val-core/toy_arithmetic_hard/reward/mean@1": 0.0,
+        "step": step,
+    }
+
+
+def _train(step: int, sampled: float, replayed: int, pool: int) -> dict:
+    return {
+        "exgrpo/batch_pass_rate": sampled + 0.01 * replayed,
+        "exgrpo/sampled_pass_rate": sampled,
+        "exgrpo/fresh_questions": 4 - replayed,
+        "exgrpo/replayed_questions": replayed,
+        "exgrpo/pool/entries": pool,
+        "exgrpo/pool/questions": pool // 2,
+        "exgrpo/pool/retired": step,
+        "timing_s/step": 2.0,
+    }
+
+
+def write_metrics(path: Path, final_easy: float, final_hard: float, replay: bool) -> Path:
+    """A metrics.jsonl as verl's file logger writes it: validation at step 0 on its own line, steps 1..4, the
+    validation of steps 2 and 4 merged into those steps' lines, and one truncated last line."""
+    lines = [{"step": 0, "data": _val(0, 0.5, 0.1)}]
+    for step in range(1, 5):
+        data = _train(step, sampled=0.4 + 0.1 * step, replayed=(2 if replay and step > 1 else 0), pool=10 * step)
+        if step == 2:
+            data.update(_val(2, 0.6, 0.2))
+        if step == 4:
+            data.update(_val(4, final_easy, final_hard))
+        lines.append({"step": step, "data": data})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 5, "data": {"exgr')
+    return path
+
+
+def test_run_curve_reads_training_and_validation_points(tmp_path):
+    rows = read_metrics_file(write_metrics(tmp_path / "metrics.jsonl", 0.9, 0.3, replay=True))
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # the truncated line is skipped
+    curve = run_curve(rows, "x", group_size=8)
+    assert curve.steps == [1, 2, 3, 4]
+    assert curve.sampled_pass_rate == pytest.approx([0.5, 0.6, 0.7, 0.8])
+    assert curve.val_steps == [0, 2, 4]
+    assert curve.val_by_level == {"easy": [0.5, 0.6, 0.9], "hard": [0.1, 0.2, 0.3]}
+    assert curve.val_acc == pytest.approx([0.3, 0.4, 0.6])  # equal weights per level
+    assert curve.replayed_share == [0.0, 0.5, 0.5, 0.5]
+    # K per fresh question, K-1 per replayed one: 32, then 2*8 + 2*7 = 30 per step
+    assert curve.generated_rollouts == [32, 62, 92, 122]
+    assert curve.pool_entries == [10, 20, 30, 40]
+
+
+def test_think_closed_share_is_read_per_validation():
+    rows = [
+        {
+            **_val(0, 0.5, 0.1),
+            "val-aux/toy_arithmetic_easy/think_closed/mean@1": 0.4,
+            "val-aux/toy_arithmetic_hard/think_closed/mean@1": 0.6,
+        },
+        {
+            **_val(5, 0.7, 0.2),
+            "val-aux/toy_arithmetic_easy/think_closed/mean@1": 1.0,
+            "val-aux/toy_arithmetic_hard/think_closed/mean@1": 0.9,
+        },
+    ]
+    curve = run_curve(rows)
+    assert curve.val_think_closed == pytest.approx([0.5, 0.95])
+    assert "answers that close the think block: 0.500 -> 0.950" in describe_run(curve)
+
+
+def test_weighted_overall_accuracy():
+    rows = [_val(0, 1.0, 0.0)]
+    assert run_curve(rows, level_weights={"easy": 3, "hard": 1}).val_acc == [0.75]
+
+
+def test_validation_prefers_acc_then_reward():
+    row = {"val-core/a/reward/mean@4": 0.2, "val-core/b/acc/mean@4": 0.7, "val-core/b/reward/mean@4": 0.1}
+    assert validation_by_source(row) == {"a": 0.2, "b": 0.7}
+
+
+def test_auc_and_steps_to_target():
+    assert area_under_curve([0, 10, 20], [0.0, 1.0, 1.0]) == pytest.approx(0.75)
+    assert area_under_curve([0], [0.4]) == 0.4
+    assert steps_to_target([0, 5, 10], [0.3, 0.61, 0.7], 0.6) == 5
+    assert steps_to_target([0, 5], [0.3, 0.5], 0.6) is None
+
+
+def _arms(tmp_path: Path) -> dict:
+    runs = {}
+    for arm, finals in (("grpo", (0.8, 0.7)), ("exgrpo", (0.9, 1.0))):
+        runs[arm] = []
+        for seed, final in zip((1, 2), finals):
+            path = write_metrics(tmp_path / f"{arm}{seed}.jsonl", final, 0.3, replay=arm == "exgrpo")
+            runs[arm].append(
+                (seed, run_curve(read_metrics_file(path), f"{arm} {seed}", wall_seconds=100.0 + seed, group_size=8))
+            )
+    return runs
+
+
+def test_summary_table_and_csv(tmp_path):
+    runs = _arms(tmp_path)
+    summaries = summarize_arms({a: [c for _, c in r] for a, r in runs.items()}, target=0.55)
+    grpo, exgrpo = summaries
+    # final overall = (easy + 0.3) / 2 per seed
+    assert grpo.final[0] == pytest.approx(((0.8 + 0.3) / 2 + (0.7 + 0.3) / 2) / 2)
+    assert grpo.final[1] == pytest.approx(0.05 / math.sqrt(2))  # sample std of 0.55 and 0.5
+    assert exgrpo.best[0] == pytest.approx(((0.9 + 0.3) / 2 + (1.0 + 0.3) / 2) / 2)
+    assert grpo.steps_to_target == [4, None] and exgrpo.steps_to_target == [4, 4]
+    assert exgrpo.final_by_level["hard"] == (pytest.approx(0.3), pytest.approx(0.0))
+    assert grpo.generated_rollouts[0] == 128 and exgrpo.generated_rollouts[0] == 122
+    assert grpo.wall_seconds[0] == pytest.approx(101.5)
+
+    table = markdown_table(summaries, target=0.55)
+    lines = table.strip().splitlines()
+    assert lines[0].startswith("| arm | seeds | start | final | best | AUC | steps to 0.55 |")
+    assert "final easy" in lines[0] and "final hard" in lines[0]
+    assert lines[2].startswith("| grpo | 2 | 0.300 ± 0.000 | 0.525 ± 0.035 |")
+    assert "| 4, — |" in lines[2] and "| 4, 4 |" in lines[3]
+
+    path = write_csv(runs, tmp_path / "out" / "points.csv")
+    rows = list(csv.DictReader(path.open()))
+    val = [r for r in rows if r["kind"] == "val" and r["arm"] == "exgrpo" and r["seed"] == "2"]
+    assert [(int(r["step"]), float(r["val_acc"])) for r in val] == [(0, 0.3), (2, 0.4), (4, pytest.approx(0.65))]
+    train = [r for r in rows if r["kind"] == "train" and r["arm"] == "grpo" and r["seed"] == "1"]
+    assert [float(r["generated_rollouts"]) for r in train] == [32, 64, 96, 128]
+    levels = {r["level"] for r in rows if r["kind"] == "val_level"}
+    assert levels == {"easy", "hard"}
+
+
+def test_pngs_are_written(tmp_path):
+    runs = _arms(tmp_path)
+    png = plot_arms({a: [c for _, c in r] for a, r in runs.items()}, tmp_path / "arms.png", title="t")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    one = plot_run(runs["exgrpo"][0][1], tmp_path / "sub" / "run.png")
+    assert one.read_bytes()[:8] == PNG_MAGIC and one.stat().st_size > 10_000
+
+
+def test_describe_run_names_start_and_end():
+    curve = run_curve([_val(0, 0.5, 0.1), {**_train(1, 0.5, 0, 3), "step": 1}, _val(1, 0.7, 0.3)], group_size=4)
+    text = describe_run(curve)
+    assert "0.300 -> 0.500 (+20.0 points)" in text
+    assert "easy     0.500 -> 0.700" in text
+    assert "pool: 3 trajectories" in text
