@@ -25,21 +25,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from exgrpo.eval.backends import BACKENDS, GenerationBackend, build_backend, library_versions
 from exgrpo.eval.generate import (
-    BACKENDS,
     TEMPLATES,
     EvalRow,
-    GenerationBackend,
     GenerationStore,
     PromptFormat,
     ResumeMismatchError,
     SamplingSettings,
-    build_backend,
     chat_template_sha,
     file_sha256,
     generate_to_jsonl,
     generation_fingerprint,
-    library_versions,
     load_benchmark_rows,
     plan_samples,
     read_generations,

@@ -1,15 +1,12 @@
 """Answer generation for the evaluation protocol (docs/algorithm.md §12): data loading, prompt rendering, the
-sample plan (avg@32 on AIME/AMC, one sample elsewhere), the vLLM and Hugging Face backends, and a resumable
-JSONL writer.
+sample plan (avg@32 on AIME/AMC, one sample elsewhere), and a resumable JSONL writer. The vLLM and Hugging Face
+backends are in ``exgrpo.eval.backends``.
 
 Resumability: every generated sample is one JSONL line keyed by ``(row, sample)`` — the row's position in the
 parquet and the sample's index within that row. Lines are written and flushed after every batch; a restart reads
 the file, drops a torn last line, and generates only the ``(row, sample)`` pairs that are missing. A sidecar
 ``<file>.meta.json`` records the settings that shape a generation (model, backend, template, system prompt,
 sampling, seed); resuming with different settings is refused so one file never mixes two configurations.
-
-Neither backend library is imported at module import: ``transformers``/``torch`` load when the HF backend is
-built, ``vllm`` only when the vLLM backend is built (it is not part of the CPU stack).
 """
 
 from __future__ import annotations
@@ -22,11 +19,13 @@ import pathlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from exgrpo.eval.metrics import canonical_benchmark, protocol_samples_per_question
 from exgrpo.prompts import llama_base_prompt
+
+if TYPE_CHECKING:
+    from exgrpo.eval.backends import GenerationBackend
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 
@@ -221,210 +220,6 @@ def plan_samples(rows: Sequence[EvalRow], n_samples: int | None = None) -> dict[
 def sample_seed(seed: int, row: int) -> int:
     """Per-row seed (vLLM seeds each request, so a row's samples do not depend on batching or resumption)."""
     return (seed * 1_000_003 + row) % (2**31 - 1)
-
-
-# --- backends ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Completion:
-    text: str
-    num_tokens: int
-    finish_reason: str  # "stop" (end of sequence) or "length" (hit max_new_tokens)
-
-
-class GenerationBackend(Protocol):
-    """What the evaluation needs from an inference engine."""
-
-    name: str
-    tokenizer: Any
-
-    def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
-        """For each rendered prompt, ``n[i]`` completions sampled with ``seeds[i]``."""
-        ...
-
-
-def package_version(name: str) -> str | None:
-    """Installed version of a distribution without importing it (vLLM's import is slow and needs a GPU)."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def library_versions() -> dict[str, str | None]:
-    """Versions that change scores or their meaning (docs/algorithm.md §12: record the vLLM version)."""
-    import platform
-
-    names = ("vllm", "transformers", "torch", "tokenizers", "math-verify", "exgrpo")
-    out: dict[str, str | None] = {n: package_version(n) for n in names}
-    out["python"] = platform.python_version()
-    return out
-
-
-class HFBackend:
-    """``transformers`` ``generate()`` backend: CPU runs, tests, and small GPU checks.
-
-    Sequences are sampled in batches of prompts with left padding. Sampling is seeded once per batch with the
-    first row's seed, so results depend on the batching (unlike vLLM's per-request seeds); resuming after an
-    interruption therefore reproduces the remaining rows only when the batch size is unchanged.
-    """
-
-    name = "hf"
-
-    def __init__(
-        self,
-        model_path: str,
-        sampling: SamplingSettings,
-        *,
-        device: str | None = None,
-        dtype: str = "auto",
-    ) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-        self.torch = torch
-        self.sampling = sampling
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        if dtype == "auto":
-            torch_dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        else:
-            torch_dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
-        eos = self.model.generation_config.eos_token_id
-        eos = eos if eos is not None else self.tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        greedy = sampling.temperature == 0
-        # A fresh config so the checkpoint's generation_config.json (often top_k=20, repetition_penalty=1.05 for
-        # instruct models) cannot silently change the protocol's sampling.
-        self.generation_config = GenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else 0,
-            repetition_penalty=1.0,
-            max_new_tokens=sampling.max_new_tokens,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=sorted(self.eos_ids),
-        )
-
-    def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
-        torch = self.torch
-        flat = [p for p, k in zip(prompts, n) for _ in range(k)]
-        enc = self.tokenizer(flat, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        torch.manual_seed(seeds[0])
-        with torch.no_grad():
-            out = self.model.generate(**enc, generation_config=self.generation_config)
-        new = out[:, enc["input_ids"].shape[1] :].tolist()
-        completions = []
-        for ids in new:
-            length = len(ids)
-            for j, t in enumerate(ids):
-                if t in self.eos_ids:
-                    length = j + 1
-                    break
-            finished = length < len(ids) or (length > 0 and ids[length - 1] in self.eos_ids)
-            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
-            completions.append(Completion(text, length, "stop" if finished else "length"))
-        grouped, pos = [], 0
-        for k in n:
-            grouped.append(completions[pos : pos + k])
-            pos += k
-        return grouped
-
-
-class VLLMBackend:
-    """vLLM backend (GPUs), the paper's engine: one request per row with ``n`` samples and a per-row seed.
-
-    Prompts are rendered with the tokenizer's chat template and sent as token ids, so a template that already
-    starts with a BOS token does not get a second one.
-    """
-
-    name = "vllm"
-
-    def __init__(
-        self,
-        model_path: str,
-        sampling: SamplingSettings,
-        *,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.9,
-        max_model_len: int | None = None,
-        dtype: str = "auto",
-    ) -> None:
-        try:
-            from vllm import LLM, SamplingParams
-        except ImportError as e:  # the CPU stack has no vLLM
-            raise ImportError(
-                "backend 'vllm' needs the vllm package (GPU stack: pip install -r requirements.txt, which pins "
-                f"vllm=={_pinned_vllm() or '?'}); on a machine without vLLM use --backend hf. ({e})"
-            ) from e
-        from transformers import AutoTokenizer
-
-        self.sampling = sampling
-        self._sampling_params_cls = SamplingParams
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        kwargs: dict[str, Any] = dict(
-            model=model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            seed=sampling.seed,
-            dtype=dtype,
-        )
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
-        self.llm = LLM(**kwargs)
-
-    def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
-        s = self.sampling
-        params = [
-            self._sampling_params_cls(
-                n=k,
-                seed=seed,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                max_tokens=s.max_new_tokens,
-            )
-            for k, seed in zip(n, seeds)
-        ]
-        token_prompts = [
-            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts
-        ]
-        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
-        return [
-            [
-                Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop")
-                for o in req.outputs
-            ]
-            for req in outputs
-        ]
-
-
-def _pinned_vllm() -> str | None:
-    # The GPU pin lives in requirements.txt at the repo root; read it for the error message only.
-    req = pathlib.Path(__file__).resolve().parents[2] / "requirements.txt"
-    if req.is_file():
-        for line in req.read_text(encoding="utf-8").splitlines():
-            if line.strip().startswith("vllm=="):
-                return line.strip().split("==", 1)[1]
-    return None
-
-
-BACKENDS = ("vllm", "hf")
-
-
-def build_backend(name: str, model_path: str, sampling: SamplingSettings, **kwargs: Any) -> GenerationBackend:
-    """Build a backend by name ("vllm" or "hf"); extra keyword arguments go to its constructor."""
-    if name == "hf":
-        return HFBackend(model_path, sampling, **{k: v for k, v in kwargs.items() if k in ("device", "dtype")})
-    if name == "vllm":
-        keys = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype")
-        return VLLMBackend(model_path, sampling, **{k: v for k, v in kwargs.items() if k in keys})
-    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 
 # --- resumable JSONL store -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exgrpo.eval.generate import package_version
+from exgrpo.eval.backends import package_version
 from exgrpo.eval.metrics import BenchmarkMetrics, compute_benchmark_metrics
 from exgrpo.reward import THINK_CLOSE, grade_batch, last_boxed
 

@@ -21,15 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from exgrpo.eval.backends import HFBackend, build_backend
 from exgrpo.eval.cli import EvalConfig, evaluate, generate
-from exgrpo.eval.generate import (
-    HFBackend,
-    PromptFormat,
-    ResumeMismatchError,
-    SamplingSettings,
-    build_backend,
-    read_generations,
-)
+from exgrpo.eval.generate import PromptFormat, ResumeMismatchError, SamplingSettings, read_generations
 from exgrpo.eval.grading import Grader
 from exgrpo.eval.report import load_results, render_markdown
 
@@ -311,7 +305,7 @@ class OracleBackend:
         self.tokenizer, self.answers = tokenizer, answers
 
     def generate(self, prompts, n, seeds):
-        from exgrpo.eval.generate import Completion
+        from exgrpo.eval.backends import Completion
 
         out = []
         for prompt, k in zip(prompts, n):

@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from exgrpo.eval import cli
+from exgrpo.eval.backends import Completion
 from exgrpo.eval.cli import EvalConfig, generate, score
-from exgrpo.eval.generate import Completion, PromptFormat, SamplingSettings
+from exgrpo.eval.generate import PromptFormat, SamplingSettings
 from exgrpo.eval.grading import NO_BOXED, Grader, paper_answer
 from exgrpo.prompts import LLAMA_BASE_PROMPT
 

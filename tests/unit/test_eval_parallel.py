@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from exgrpo.eval.backends import Completion
 from exgrpo.eval.generate import (
-    Completion,
     EvalRow,
     GenerationStore,
     PromptFormat,
