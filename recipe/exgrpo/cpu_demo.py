@@ -15,7 +15,6 @@ what they give is in docs/learning.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -200,6 +199,8 @@ def _follow_text(path: Path, stop: threading.Event) -> None:
 
 def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict], None]) -> None:
     """Call ``on_step`` with each metrics row verl's file logger appends (it writes unbuffered, one line per step)."""
+    from recipe.exgrpo.learning_curves import parse_metrics_line
+
     while not path.exists():
         if stop.wait(0.2):
             return
@@ -211,13 +212,9 @@ def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict],
                 pending += chunk
                 if not pending.endswith("\n"):
                     continue
-                line, pending = pending.strip(), ""
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
+                data, pending = parse_metrics_line(pending), ""
+                if data is None:
                     continue
-                data = dict(record.get("data", record))
-                data.setdefault("step", record.get("step"))
                 try:
                     on_step(data)
                 except Exception as exc:  # a display problem must never stop the run

@@ -38,17 +38,24 @@ def read_metrics_file(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return rows
     for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        data = dict(record.get("data", record))
-        data.setdefault("step", record.get("step"))
-        rows.append(data)
+        data = parse_metrics_line(line)
+        if data is not None:
+            rows.append(data)
     return rows
+
+
+def parse_metrics_line(line: str) -> dict[str, Any] | None:
+    """One line of verl's file logger as a flat metric dict with its ``step``; None for a blank or torn line."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    data = dict(record.get("data", record))
+    data.setdefault("step", record.get("step"))
+    return data
 
 
 def validation_by_source(row: Mapping[str, Any]) -> dict[str, float]:
@@ -225,12 +232,7 @@ def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Pat
         bottom.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
     bottom.set_xlabel("training step")
     bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- arms × seeds
@@ -407,6 +409,12 @@ def plot_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path,
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return _save_figure(fig, path)
+
+
+def _save_figure(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -173,3 +173,34 @@ def test_describe_run_names_start_and_end():
     assert "0.300 -> 0.500 (+20.0 points)" in text
     assert "easy     0.500 -> 0.700" in text
     assert "pool: 3 trajectories" in text
+
+
+def test_the_demo_follows_the_metrics_file_line_by_line(tmp_path):
+    import threading
+
+    from recipe.exgrpo.cpu_demo import _follow_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    seen: list[dict] = []
+    stop = threading.Event()
+    follower = threading.Thread(target=_follow_metrics, args=(path, stop, seen.append))
+    follower.start()
+    with open(path, "w") as f:
+        f.write('{"step": 1, "data": {"exgrpo/batch_pass_rate": 0.25}}\n')
+        f.flush()
+        f.write('{"step": 2, "data": {"exgrpo/batch_')  # a line still being written
+        f.flush()
+        f.write('pass_rate": 0.5}}\nnot json\n\n{"step": 3, "data": {}}\n')
+    import time
+
+    deadline = time.monotonic() + 10
+    while len(seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    follower.join(timeout=10)
+    assert not follower.is_alive()
+    assert seen == [
+        {"exgrpo/batch_pass_rate": 0.25, "step": 1},
+        {"exgrpo/batch_pass_rate": 0.5, "step": 2},
+        {"step": 3},
+    ]
