@@ -82,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, enable in (("grpo", False), ("exgrpo", True)):
             r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets)
             runs[name].append(r)
-            print(f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
-                  flush=True)
+            print(
+                f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
+                flush=True,
+            )
 
     def pooled(name: str, key: str) -> list[float]:
         return [v for r in runs[name] for v in r[key]]

@@ -35,8 +35,14 @@ K = 4
 def actor():
     torch.manual_seed(0)
     cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
     )
     return Qwen2ForCausalLM(cfg).double().eval()
 
@@ -144,8 +150,13 @@ def _step(actor, rng, metric="entropy", dp_size=2, balance=True):
             tokens = rng.integers(1, VOCAB, size=length)
             tokens[0] = 7 if j < n_correct else 8  # the reward rule: correct ones hold token 7
             tokens[1:] = np.where(tokens[1:] == 7, 9, tokens[1:]) if j >= n_correct else tokens[1:]
-            members.append(GroupMember(tokens.astype(np.int32), rng.normal(-1, 0.2, length).astype(np.float32),
-                                       1.0 if j < n_correct else 0.0))
+            members.append(
+                GroupMember(
+                    tokens.astype(np.int32),
+                    rng.normal(-1, 0.2, length).astype(np.float32),
+                    1.0 if j < n_correct else 0.0,
+                )
+            )
         mgr.collect(1, {q: members})
         prompt_of[q] = rng.integers(1, VOCAB, size=int(rng.integers(2, P_LEN + 1)))
     plan = mgr.plan_replay(4, 2)  # floor(0.5 * 4) = 2 replayed questions, 2 fresh prompts

@@ -641,7 +641,7 @@ def test_the_default_data_paths_are_the_ones_prepare_data_writes(tmp_path):
     assert "arc_c,gpqa_diamond,mmlu_pro" in commands
     common = (TRAIN_DIR / "common.sh").read_text(encoding="utf-8")
     assert "val_default=data/valid/valid_id.parquet" in common and "train_default=data/openr1/train.parquet" in common
-    assert 'DATA_DIR:-$REPO_ROOT/data/benchmarks' in (REPO / "scripts" / "eval" / "common.sh").read_text()
+    assert "DATA_DIR:-$REPO_ROOT/data/benchmarks" in (REPO / "scripts" / "eval" / "common.sh").read_text()
     env = script_env(tmp_path, DRY_RUN="1", PROMPT_STYLE="llama_base")
     base = run_script(REPO / "scripts" / "prepare_data.sh", env=env)
     assert "data/openr1/train_llama_base.parquet --prompt-style llama_base" in base.stderr

@@ -225,8 +225,13 @@ def _padded_log_prob(gen, flat):
 def test_installed_loss_equals_the_exgrpo_objective(agg, mixed):
     gen, td, flat = _micro_batch(mixed=mixed)
     config = ActorConfig(
-        strategy="fsdp2", loss_agg_mode=agg, loss_scale_factor=R_LEN if agg.endswith("norm") else None,
-        entropy_coeff=0.0, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, rollout_n=1,
+        strategy="fsdp2",
+        loss_agg_mode=agg,
+        loss_scale_factor=R_LEN if agg.endswith("norm") else None,
+        entropy_coeff=0.0,
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=4,
+        rollout_n=1,
     )
     settings = LossSettings(shaping="policy_shaping", shaping_beta=0.1, is_correction=True, fresh_clip="released")
     loss, metrics = exgrpo_actor_loss(config, {"log_probs": flat}, td, settings=settings)
@@ -234,12 +239,20 @@ def test_installed_loss_equals_the_exgrpo_objective(agg, mixed):
 
     log_prob = _padded_log_prob(gen, flat)
     expected, raw = mixed_policy_loss(
-        log_prob, gen.batch["old_log_probs"], gen.batch[BEHAVIOUR_LOG_PROBS_KEY], gen.batch["advantages"],
-        gen.batch["response_mask"].bool(), gen.batch[IS_REPLAY_KEY],
+        log_prob,
+        gen.batch["old_log_probs"],
+        gen.batch[BEHAVIOUR_LOG_PROBS_KEY],
+        gen.batch["advantages"],
+        gen.batch["response_mask"].bool(),
+        gen.batch[IS_REPLAY_KEY],
         LossSettings(
-            loss_agg_mode=agg, shaping="policy_shaping", shaping_beta=0.1, is_correction=True,
+            loss_agg_mode=agg,
+            shaping="policy_shaping",
+            shaping_beta=0.1,
+            is_correction=True,
             fresh_clip="never" if mixed else "always",  # released: the clip before mixed mode, none after
-            clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
             dual_clip=False,  # exgrpo.dual_clip is off by default (as released)
             loss_scale_factor=config.loss_scale_factor,
         ),

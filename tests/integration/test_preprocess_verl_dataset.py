@@ -17,8 +17,6 @@ from tests.tokenizers_for_tests import build_tiny_tokenizer
 EXPECTED_COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 
 
-
-
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
     return build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))

@@ -44,8 +44,6 @@ def run_openr1(*argv: str) -> openr1_math.Report:
     return openr1_math.run(args)
 
 
-
-
 # ------------------------------------------------------------------------------------------------ helpers
 
 

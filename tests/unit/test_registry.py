@@ -26,8 +26,11 @@ def test_register_lookup_and_mapping_behaviour():
 def test_unknown_names_and_duplicates_are_errors():
     reg = Registry("shaping function", key="exgrpo.shaping")
     reg.register("policy_shaping")(lambda: 0)
-    with pytest.raises(ValueError, match=r"unknown shaping function 'policy_shapin' \(exgrpo\.shaping\); "
-                       r"registered: \['policy_shaping'\]; did you mean 'policy_shaping'\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown shaping function 'policy_shapin' \(exgrpo\.shaping\); "
+        r"registered: \['policy_shaping'\]; did you mean 'policy_shaping'\?",
+    ):
         reg.get("policy_shapin")
     with pytest.raises(ValueError, match="unknown shaping function 'zzz'.*registered") as info:
         reg.get("zzz")
