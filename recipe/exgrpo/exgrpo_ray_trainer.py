@@ -135,6 +135,21 @@ def sampled_pass_rate(scores: np.ndarray, batch: DataProto) -> float:
     return float((scores[generated] >= 1.0).mean()) if generated.any() else float("nan")
 
 
+def reward_health(reward_extra_infos: dict) -> dict[str, float]:
+    """How the reward behaved this step, from the extra keys of the recipe's reward (recipe/exgrpo/reward.py):
+    the share of responses whose grading errored or timed out, and the seconds a grading call waited for a free
+    grader process (mean, max). Keys a custom reward does not return are left out."""
+    out: dict[str, float] = {}
+    for key, name in (("reward_error", "error_rate"), ("reward_timeout", "timeout_rate")):
+        if key in reward_extra_infos and len(reward_extra_infos[key]):
+            out[f"exgrpo/reward/{name}"] = float(np.mean(np.asarray(reward_extra_infos[key], dtype=float)))
+    if "reward_queue_s" in reward_extra_infos and len(reward_extra_infos["reward_queue_s"]):
+        queue = np.asarray(reward_extra_infos["reward_queue_s"], dtype=float)
+        out["exgrpo/reward/queue_s_mean"] = float(queue.mean())
+        out["exgrpo/reward/queue_s_max"] = float(queue.max())
+    return out
+
+
 class RayExGRPOTrainer(RayPPOTrainer):
     """verl's legacy PPO trainer with the ExGRPO experience manager between rollout and actor update."""
 
@@ -428,12 +443,13 @@ class RayExGRPOTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = []
 
-    def _rewards_and_advantages(self, batch: DataProto, timing_raw: dict) -> np.ndarray:
+    def _rewards_and_advantages(self, batch: DataProto, metrics: dict, timing_raw: dict) -> np.ndarray:
         """Every member's reward (generated rows: scored by verl's reward loop during generation; replayed
         members: re-scored in ``_score_and_select``) and the group-relative advantages of the mixed groups
         (docs/algorithm.md §7). Returns the per-row scores."""
         with marked_timer("reward", timing_raw, color="yellow"):
             reward_tensor, reward_extra_infos = extract_reward(batch)
+            metrics.update(reward_health(reward_extra_infos or {}))
         with marked_timer("adv", timing_raw, color="brown"):
             batch.batch["token_level_scores"] = reward_tensor
             batch.batch["token_level_rewards"] = reward_tensor  # no KL in the reward (no reference model)
@@ -559,7 +575,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 metrics.update(rollout_actor_agreement(batch))
                 self._trace(self._step_trace)
                 self._prepare_update(batch, mixed, metrics)
-                scores = self._rewards_and_advantages(batch, timing_raw)
+                scores = self._rewards_and_advantages(batch, metrics, timing_raw)
                 self._update_policy(batch, metrics, timing_raw)
                 pass_rate = self._collect_and_schedule(batch, scores, metrics, timing_raw)
                 self._save_and_sync(is_last_step, timing_raw)

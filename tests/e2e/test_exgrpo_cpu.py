@@ -59,6 +59,8 @@ def test_replay_reaches_the_loss_and_groups_have_k_members(uninterrupted):
     assert replay_steps, f"no step replayed anything: {[m.get('exgrpo/pool/entries') for m in steps]}"
     # a GRPO step makes one actor compute_log_prob call (the old-log-prob pass); so must every ExGRPO step
     assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1] * STEPS
+    # the reward's health is logged every step (the recipe's reward: nothing errored or timed out on toy sums)
+    assert all(m["exgrpo/reward/error_rate"] == 0.0 and m["exgrpo/reward/queue_s_max"] >= 0.0 for m in steps)
     for m in replay_steps:
         assert m["actor/exgrpo/replayed_tokens"] > 0, "replayed rows did not reach the actor loss"
         assert m["exgrpo/old_log_prob_candidate_rows"] >= m["exgrpo/replayed_questions"]

@@ -12,7 +12,11 @@ pytest.importorskip("verl")
 
 from verl import DataProto  # noqa: E402
 
-from recipe.exgrpo.exgrpo_ray_trainer import rollout_actor_agreement, sampled_pass_rate  # noqa: E402
+from recipe.exgrpo.exgrpo_ray_trainer import (  # noqa: E402
+    reward_health,
+    rollout_actor_agreement,
+    sampled_pass_rate,
+)
 from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY  # noqa: E402
 
 
@@ -50,3 +54,21 @@ def test_sampled_pass_rate_leaves_replayed_members_out():
     assert sampled_pass_rate(scores, batch) == pytest.approx(1 / 3)
     all_replayed = _batch(torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), [True, True])
     assert math.isnan(sampled_pass_rate(np.array([1.0, 1.0]), all_replayed))
+
+
+def test_reward_health_from_the_recipe_reward_keys():
+    extra = {
+        "reward_error": [0.0, 1.0, 0.0, 0.0],
+        "reward_timeout": [0.0, 0.0, 1.0, 1.0],
+        "reward_queue_s": [0.0, 0.5, 2.0, 1.5],
+        "pred": ["1", "2", "", ""],
+    }
+    assert reward_health(extra) == {
+        "exgrpo/reward/error_rate": 0.25,
+        "exgrpo/reward/timeout_rate": 0.5,
+        "exgrpo/reward/queue_s_mean": 1.0,
+        "exgrpo/reward/queue_s_max": 2.0,
+    }
+    # a custom reward without those keys (or an empty batch) adds nothing
+    assert reward_health({"acc": [1.0]}) == {}
+    assert reward_health({"reward_queue_s": []}) == {}
