@@ -16,6 +16,7 @@ given order as Arrow record batches of at most ``batch_tokens`` tokens (never sp
 
 from __future__ import annotations
 
+import abc
 import pathlib
 import sys
 from collections.abc import Iterator, Sequence
@@ -48,44 +49,46 @@ def batch_ranges(lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
     return ranges
 
 
-class TokenStorage:
+class TokenStorage(abc.ABC):
     """Token ids + behaviour log-probs addressed by entry slot. Subclasses implement the layout primitives
     (``clear`` ... ``load_batch``); gathering, ``state_dict`` and the file dump/load are shared."""
 
     layout = "abstract"
 
     # ------------------------------------------------------------------ layout primitives
+    @abc.abstractmethod
     def clear(self) -> None:
-        raise NotImplementedError
+        """Drop every slot's tokens and release the memory."""
 
+    @abc.abstractmethod
     def resize(self, capacity: int) -> None:
         """Make slots [0, capacity) addressable (the entry table's capacity)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def put_many(
         self, slots: Sequence[int], ids: Sequence[np.ndarray], lps: Sequence[np.ndarray], lengths: np.ndarray
     ) -> None:
         """Store entry ``slots[i]``'s tokens (``ids[i]`` int32, ``lps[i]`` float32, ``lengths[i]`` of each)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def view(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """The slot's (token ids, log-probs) without a copy; valid until the storage is next mutated."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def free(self, slot: int) -> None:
-        raise NotImplementedError
+        """Release the slot's tokens (the slot may be reused by a later ``put_many``)."""
 
+    @abc.abstractmethod
     def live_slots(self) -> np.ndarray:
         """The slots that hold tokens, ascending."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def nbytes(self) -> int:
         """Bytes held (capacity, not only live tokens)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load_batch(self, slots: np.ndarray, lengths: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> None:
         """Store the concatenated tokens of entries ``slots`` (``lengths`` each), copied out of ``ids`` / ``lps``."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ shared
     def put(self, slot: int, ids: np.ndarray, lps: np.ndarray) -> None:

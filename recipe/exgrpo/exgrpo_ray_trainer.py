@@ -418,6 +418,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         else:
             batch.batch.pop(CANDIDATE_KEY, None)
         batch.batch.pop("entropys")
+        metrics.update(rollout_actor_agreement(batch))  # the weight sync's health, on the generated rows
         return batch
 
     def _score_replayed_members(self, batch: DataProto) -> None:
@@ -572,7 +573,6 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 counts = generation_counts(num_fresh, len(plan), self.k)
                 batch = self._generate(batch, counts, timing_raw)
                 batch = self._score_and_select(batch, counts, num_fresh, plan, metrics, timing_raw)
-                metrics.update(rollout_actor_agreement(batch))
                 self._trace(self._step_trace)
                 self._prepare_update(batch, mixed, metrics)
                 scores = self._rewards_and_advantages(batch, metrics, timing_raw)

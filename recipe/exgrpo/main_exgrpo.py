@@ -85,22 +85,18 @@ def build_trainer(runner: BaseTaskRunner, config, trainer_cls):
     model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
     tokenizer, processor = model_config.tokenizer, model_config.processor
     resource_pool_manager = runner.init_resource_pool_mgr(config)
-    train_dataset = create_rl_dataset(
-        config.data.train_files,
-        config.data,
-        tokenizer,
-        processor,
-        is_train=True,
-        max_samples=config.data.get("train_max_samples", -1),
-    )
-    val_dataset = create_rl_dataset(
-        config.data.val_files,
-        config.data,
-        tokenizer,
-        processor,
-        is_train=False,
-        max_samples=config.data.get("val_max_samples", -1),
-    )
+
+    def dataset(split: str):
+        return create_rl_dataset(
+            config.data[f"{split}_files"],
+            config.data,
+            tokenizer,
+            processor,
+            is_train=split == "train",
+            max_samples=config.data.get(f"{split}_max_samples", -1),
+        )
+
+    train_dataset = dataset("train")
     return trainer_cls(
         config=config,
         tokenizer=tokenizer,
@@ -109,7 +105,7 @@ def build_trainer(runner: BaseTaskRunner, config, trainer_cls):
         resource_pool_manager=resource_pool_manager,
         ray_worker_group_cls=ray_worker_group_cls,
         train_dataset=train_dataset,
-        val_dataset=val_dataset,
+        val_dataset=dataset("val"),
         collate_fn=collate_fn,
         train_sampler=create_rl_sampler(config.data, train_dataset),
     )
