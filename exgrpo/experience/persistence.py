@@ -159,6 +159,33 @@ def save_experience(
     return target
 
 
+def _unframed_header_message(path: pathlib.Path, raw: bytes) -> str:
+    """Why a header without the checksum trailer cannot be read: an earlier schema (bare JSON, no checksum), a
+    newer one, or a damaged file. Only an intact header that names an earlier schema and carries no checksum key is
+    called earlier; a header that names this schema (or carries a checksum) lost its trailer, so it is damaged."""
+    damaged = f"{path}: damaged header (its checksum trailer is missing or altered: truncated, edited or corrupt file)"
+    try:
+        legacy = json.loads(raw)
+    except ValueError:
+        return damaged
+    if not isinstance(legacy, dict) or legacy.get("format") != FORMAT:
+        return f"{path}: unreadable or corrupt header (not a checksummed ExGRPO header)"
+    version = legacy.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or "sha256" in legacy or version == SCHEMA_VERSION:
+        return f"{damaged}; it names schema_version {version!r}, which this code reads only with its checksum"
+    if version > SCHEMA_VERSION:
+        return (
+            f"{path}: schema_version {version} is not supported (this code reads {SCHEMA_VERSION}): it was written by "
+            "a newer version of the recipe; resume with that version"
+        )
+    return (
+        f"{path}: schema_version {version!r} is not supported (this code reads {SCHEMA_VERSION}, whose header carries "
+        "its own checksum). It was written by an earlier version of the recipe: resume with that version, or move "
+        "the checkpoint's exgrpo/ folder aside and set exgrpo.resume_pool=empty to resume verl's state with an empty "
+        "pool"
+    )
+
+
 def _read_header(path: pathlib.Path) -> dict[str, Any]:
     """The verified header body; every failure is a PoolCheckpointError naming ``path``."""
     if not path.is_file():
@@ -176,18 +203,7 @@ def _read_header(path: pathlib.Path) -> dict[str, Any]:
         and raw[-_HEADER_TRAILER : -_HEADER_TRAILER + len(_HEADER_SUM_KEY)] == _HEADER_SUM_KEY
     )
     if not framed:
-        try:  # an older or foreign file: say which, when it parses
-            legacy = json.loads(raw)
-        except ValueError:
-            legacy = None
-        if isinstance(legacy, dict) and legacy.get("format") == FORMAT:
-            raise PoolCheckpointError(
-                f"{path}: schema_version {legacy.get('schema_version')!r} is not supported (this code reads "
-                f"{SCHEMA_VERSION}, whose header carries its own checksum). It was written by an earlier version of "
-                f"the recipe: resume with that version, or move the checkpoint's exgrpo/ folder aside and set "
-                f"exgrpo.resume_pool=empty to resume verl's state with an empty pool"
-            )
-        raise PoolCheckpointError(f"{path}: unreadable or corrupt header (not a checksummed ExGRPO header)")
+        raise PoolCheckpointError(_unframed_header_message(path, raw))
     body = raw[:-_HEADER_TRAILER] + b"}"
     recorded = raw[-64 - len(_HEADER_END) : -len(_HEADER_END)]
     if hashlib.sha256(body).hexdigest().encode("ascii") != recorded:

@@ -182,6 +182,14 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
         "actor_rollout_ref.rollout.multi_turn.enable=false",
     ),
     UnsupportedSetting(
+        "actor_rollout_ref.actor.use_prefix_grouper",
+        _off,
+        "verl's prefix grouper shares each group's prompt and balances whole groups across the data-parallel ranks, "
+        "assuming a group's rows are adjacent; the recipe's old-log-prob pass appends the candidate trajectories "
+        "after the generated rows and the update keeps each replayed member after its group, so groups would be "
+        "split across ranks; set actor_rollout_ref.actor.use_prefix_grouper=false",
+    ),
+    UnsupportedSetting(
         "trainer.rollout_data_dir",
         lambda v: v is None,
         "the trainer does not dump generations (exgrpo_trace.jsonl records each step's replayed and fresh "

@@ -327,6 +327,10 @@ BAD_EXTRA_ARGUMENTS = [
     ("actor_rollout_ref.actor.use_kl_loss=true", ["actor_rollout_ref.actor.use_kl_loss=True is not supported"]),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", ["policy_loss.loss_mode='gspo' is not supported"]),
     ("actor_rollout_ref.actor.clip_ratio_c=10", ["clip_ratio_c=10 is not supported", "exgrpo.dual_clip=true"]),
+    (
+        "actor_rollout_ref.actor.use_prefix_grouper=true",
+        ["use_prefix_grouper=True is not supported", "actor_rollout_ref.actor.use_prefix_grouper=false"],
+    ),
     ("exgrpo.replay_ratio", ["bad override syntax"]),
 ]
 
@@ -409,6 +413,17 @@ def test_dry_run_cli(tmp_path, launches, capsys):
     assert capsys.readouterr().out == ""  # --quiet: no config on stdout
     assert dry_run_main(["--quiet", "--", *overrides, "exgrpo.mu=2"]) == 1
     assert "exgrpo.mu must be a number in [0.0, 1.0]" in capsys.readouterr().err
+
+
+def test_dry_run_lists_each_unsupported_verl_setting_on_its_own_line(launches, capsys):
+    overrides = launches["train/exgrpo_qwen2.5_math_7b.sh"][0]
+    bad = ["actor_rollout_ref.actor.use_prefix_grouper=true", "algorithm.use_pf_ppo=true"]
+    assert dry_run_main(["--quiet", "--", *overrides, *bad]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert len(lines) == 2, err
+    assert any(x.startswith("  - actor_rollout_ref.actor.use_prefix_grouper=True is not supported") for x in lines), err
+    assert any(x.startswith("  - algorithm.use_pf_ppo=True is not supported") for x in lines), err
 
 
 # --------------------------------------------------------------------- launch mode without launching

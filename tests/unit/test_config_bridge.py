@@ -34,6 +34,7 @@ SUPPORTED = {
             "policy_loss": {"loss_mode": "vanilla"},
             "loss_agg_mode": "seq-mean-token-sum-norm",
             "loss_scale_factor": 8192,
+            "use_prefix_grouper": False,
         },
         "rollout": {"n": 8, "multi_turn": {"enable": False}},
     },
@@ -62,6 +63,7 @@ IGNORED = [
     ("reward.reward_model.enable", True, "reward.reward_model.enable=false"),
     ("distillation.enabled", True, "distillation.enabled=false"),
     ("actor_rollout_ref.rollout.multi_turn.enable", True, "multi_turn.enable=false"),
+    ("actor_rollout_ref.actor.use_prefix_grouper", True, "actor_rollout_ref.actor.use_prefix_grouper=false"),
     ("trainer.rollout_data_dir", "/tmp/rollouts", "remove trainer.rollout_data_dir"),
     ("global_profiler.steps", [1, 2], "global_profiler.steps=null"),
 ]

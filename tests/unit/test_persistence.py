@@ -252,7 +252,7 @@ def _zero_tokens_file_with_matching_crc(d):
         (lambda d: _flip_byte(d / "entries.arrow", 0.5), r"entries\.arrow: checksum mismatch"),
         (lambda d: _flip_byte(d / "header.json", 0.5), r"header\.json: checksum mismatch"),
         (lambda d: (d / "entries.arrow").unlink(), r"entries\.arrow: missing"),
-        (lambda d: (d / "header.json").write_text('{"format": '), r"header\.json: unreadable or corrupt"),
+        (lambda d: (d / "header.json").write_text('{"format": '), r"header\.json: damaged header"),
         (lambda d: (d / "header.json").unlink(), r"header\.json: missing"),
         (lambda d: _resign(d, lambda b: b.update(schema_version=99)), r"header\.json: schema_version 99"),
         (_zero_tokens_file_with_matching_crc, r"tokens\.arrow: not a readable Arrow IPC file"),

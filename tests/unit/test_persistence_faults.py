@@ -208,6 +208,35 @@ def test_an_older_header_is_named_with_its_version(tmp_path, states):
     _resign(d, body)
     with pytest.raises(PoolCheckpointError, match=r"header\.json: schema_version 99 is not supported"):
         load_digest(d)
+    (d / "header.json").write_text(json.dumps(body))  # a newer schema without this one's frame
+    with pytest.raises(PoolCheckpointError, match=r"schema_version 99 is not supported.*newer version"):
+        load_digest(d)
+
+
+def test_a_current_header_without_its_trailing_newline_is_damaged_not_older(tmp_path, states):
+    d = save(tmp_path / "pool", states[0][0])
+    raw = (d / "header.json").read_bytes()
+    assert raw.endswith(b"\n")
+    (d / "header.json").write_bytes(raw[:-1])  # still valid JSON, naming schema_version 2 with its sha256
+    with pytest.raises(PoolCheckpointError, match=r"header\.json: damaged header") as info:
+        load_digest(d)
+    assert "earlier version" not in str(info.value), str(info.value)
+
+
+def test_every_damaged_header_says_it_is_damaged(tmp_path, states):
+    """No damage to a current header may be reported as a header of another schema version."""
+    d = save(tmp_path / "pool", states[0][1])
+    pristine = (d / "header.json").read_bytes()
+    rng = random.Random("damaged header wording")
+    cases = _damage_cases(len(pristine), rng) + [("truncate", len(pristine) - k) for k in range(1, 80)]
+    cases += [("flip", len(pristine) - 1, 0x0A ^ 0x20), ("append", b" "), ("append", b"\n")]  # still valid JSON
+    for case in cases:
+        (d / "header.json").write_bytes(_apply(pristine, case))
+        with pytest.raises(PoolCheckpointError) as info:
+            load_digest(d)
+        message = str(info.value)
+        assert "header.json" in message and ("damaged" in message or "corrupt" in message), f"{case}: {message}"
+        assert "not supported" not in message, f"{case}: a damaged header reported as another version: {message}"
 
 
 # ------------------------------------------------------------------------------------------------ SIGKILL
