@@ -129,6 +129,21 @@ def rollout_actor_agreement(batch: DataProto) -> dict[str, float]:
     }
 
 
+def replay_response_width(config) -> int:
+    """The response width of a step's rows: stored trajectories longer than this cannot join them.
+
+    verl's agent loop pads every generated response to ``actor_rollout_ref.rollout.response_length`` (which
+    defaults to ``data.max_response_length`` but may be set lower), and the candidate rows copy that width; the
+    smaller of the two settings is the bound, so a long stored trajectory is left out of the plan (and counted)
+    instead of failing the step when it is appended.
+    """
+    widths = [int(config.data.max_response_length)]
+    rollout_width = OmegaConf.select(config, "actor_rollout_ref.rollout.response_length", default=None)
+    if rollout_width is not None:
+        widths.append(int(rollout_width))
+    return min(widths)
+
+
 def sampled_pass_rate(scores: np.ndarray, batch: DataProto) -> float:
     """Pass rate of the responses generated this step: replayed members (stored correct answers) left out."""
     generated = ~batch.batch[IS_REPLAY_KEY].bool().numpy()
@@ -318,6 +333,14 @@ class RayExGRPOTrainer(RayPPOTrainer):
         return result
 
     # ------------------------------------------------------------------ one step
+    def _plan_replay(self) -> ReplayPlan:
+        """This step's replayed questions and the candidates that fit the rows they join
+        (:func:`replay_response_width`; longer ones are counted in ``exgrpo/selection/too_long_candidates``, a
+        question with none left in ``exgrpo/replay/dropped_too_long``)."""
+        return self.experience.plan_replay(
+            self.questions_per_step, self.global_steps, max_response_length=replay_response_width(self.config)
+        )
+
     def _draw_questions(self, metrics: dict, timing_raw: dict) -> tuple[DataProto, int, ReplayPlan]:
         """Replayed questions (with their candidate trajectories) and fresh prompts; returns the prompt batch
         (fresh rows first, then one row per replayed question), the number of fresh rows and the replay plan."""
@@ -325,9 +348,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         plan = ReplayPlan([], [])
         if self._replaying:
             with marked_timer("exgrpo_sample", timing_raw):
-                plan = self.experience.plan_replay(
-                    b, self.global_steps, max_response_length=int(self.config.data.max_response_length)
-                )
+                plan = self._plan_replay()
         fresh_rows = self._take_fresh_rows(b - len(plan), exclude=set(plan.question_ids), metrics=metrics)
         rows = fresh_rows + [self.row_of_question[q] for q in plan.question_ids]
         batch_dict = self.collate_fn([self.train_dataset[r] for r in rows])

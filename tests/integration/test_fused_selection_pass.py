@@ -226,3 +226,52 @@ def test_a_step_without_replay_is_one_plain_pass(actor):
     gen = _rows([rng.integers(1, VOCAB, 3)] * 8, [rng.integers(1, VOCAB, 4)] * 8, ["a"] * 4 + ["b"] * 4)
     out = harness._score_and_select(gen, np.array([K, K]), 2, plan, {}, {})
     assert harness.pass_sizes == [8] and len(out) == 8 and not bool(out.batch[IS_REPLAY_KEY].any())
+
+
+def test_candidates_longer_than_the_generated_rows_are_left_out_and_counted(actor):
+    """``rollout.response_length`` set below ``data.max_response_length``: the generated rows (padded by verl's agent
+    loop to the rollout's length) are narrower than some stored trajectories. Those are not planned (counted as too
+    long), a question with none left is not replayed, and the step's pass runs on the narrower rows."""
+    width = 5
+    cfg = ExGRPOConfig.from_dict({"delayed_start_threshold": -1.0, "replay_ratio": 0.5, "seed": 0}, k=K)
+    mgr = ExperienceManager(cfg)
+    rng = np.random.default_rng(7)
+
+    def stored(lengths):  # two correct members of the given lengths, two wrong ones: a partial success
+        out = []
+        for j, length in enumerate(lengths + [3, 3]):
+            tokens = rng.integers(10, VOCAB, size=length).astype(np.int32)
+            tokens[0] = 7 if j < 2 else 8
+            out.append(GroupMember(tokens, rng.normal(-1, 0.2, length).astype(np.float32), float(j < 2)))
+        return out
+
+    mgr.collect(1, {"fits": stored([R_LEN, 4]), "too_long": stored([R_LEN, width + 1])})
+    harness = _Harness(actor, mgr)
+    harness.config = OmegaConf.merge(
+        harness.config,
+        {"data": {"max_response_length": R_LEN}, "actor_rollout_ref": {"rollout": {"response_length": width}}},
+    )
+    harness.questions_per_step, harness.global_steps = 4, 2
+    plan = harness._plan_replay()
+    # the step as the trainer runs it: B - n_exp fresh prompts x K, then K-1 rows per replayed question, every row
+    # of the rollout's width (a stored trajectory wider than that used to fail here, in append_candidates)
+    num_fresh = 4 - len(plan)
+    counts = np.array([K] * num_fresh + [K - 1] * len(plan))
+    prompts = [rng.integers(1, VOCAB, size=3) for _ in counts]
+    rows = [(p, rng.integers(10, VOCAB, size=int(rng.integers(1, width + 1)))) for p in prompts]
+    rows = [r for r, c in zip(rows, counts) for _ in range(c)]
+    batch = _rows([p for p, _ in rows], [r for _, r in rows], [f"u{i}" for i, c in enumerate(counts) for _ in range(c)])
+    batch = batch.select_idxs(np.arange(len(batch)))
+    for key in ("responses", "response_mask", "rm_scores"):
+        batch.batch[key] = batch.batch[key][:, :width]
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        batch.batch[key] = batch.batch[key][:, : P_LEN + width]
+    out = harness._score_and_select(batch, counts, num_fresh, plan, {}, {})
+    assert len(out) == len(batch) + len(plan) and out.batch["responses"].shape[1] == width
+    # what was left out: one candidate of "fits", both of "too_long", which is not replayed (a fresh prompt took
+    # its place)
+    metrics = mgr.metrics(2)
+    assert plan.question_ids == ["fits"] and [c.length for c in plan.candidates[0]] == [4]
+    assert metrics["exgrpo/selection/too_long_candidates"] == 3.0
+    assert metrics["exgrpo/replay/dropped_too_long"] == 1.0
+    assert out.batch[IS_REPLAY_KEY].tolist()[-1] is True
