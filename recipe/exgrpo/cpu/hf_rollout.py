@@ -14,6 +14,14 @@ of the vLLM backend:
   ``rollout.name=hf``); its ``update_weights`` receives the trainer's full state dict after each actor update
   and loads it into the server (weight sync), ``resume``/``release`` forward sleep/wake-up.
 
+Sleep and wake-up are tracked as vLLM's are (two parts resident or released: ``weights`` and ``kv_cache``), so a
+step-order bug that would fail on a GPU fails here too: ``generate`` while either part is released raises
+:class:`RolloutAsleepError`, and so does a weight load while the weights are released. verl 0.9.1's colocated
+sequence (legacy trainer and checkpoint manager): ``init_workers`` ends with ``sleep_replicas()``; every
+``checkpoint_manager.update_weights()`` (before validation and at the end of each step) resumes the weights, loads
+them, then resumes the KV cache; generation follows, then ``sleep_replicas()`` before the actor runs. As with
+vLLM, ``sleep`` does nothing when ``actor_rollout_ref.rollout.free_cache_engine`` is false.
+
 Observation hook: when ``EXGRPO_CPU_ROLLOUT_DUMP`` names a directory, the server appends one JSON line per
 weight load and per generation batch to ``<dir>/rollout_events.jsonl`` (weights version, global step,
 parameter checksum). The e2e test uses it to show the rollout's weights change after every update.
@@ -52,8 +60,17 @@ BATCH_QUIET_S = 0.005
 BATCH_MAX_WAIT_S = 0.05
 
 
+#: The parts of a replica that sleep releases and wake-up restores (vLLM's sleep-mode tags).
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
 class HFRolloutConfigError(ValueError):
     """A rollout setting the Hugging Face CPU rollout cannot honour; the message names the key and the fix."""
+
+
+class RolloutAsleepError(RuntimeError):
+    """The rollout was asked to generate (or load weights) while asleep: a step-order bug that vLLM on a GPU would
+    not survive (its weights or KV cache are released), raised here so that it cannot pass unnoticed on CPU."""
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0, name_suffix: str = "") -> str:
@@ -153,7 +170,7 @@ class HFRolloutServer:
         self.node_rank = node_rank
         self.global_steps: Optional[int] = None
         self.weights_version = 0
-        self.awake = True
+        self.resident: set[str] = set(MEMORY_TAGS)  # a launched engine is awake, as vLLM's is
         self.model: Optional[torch.nn.Module] = None
         self._pending: list[_Request] = []
         self._wakeup: Optional[asyncio.Event] = None
@@ -201,6 +218,21 @@ class HFRolloutServer:
         return {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id}
 
     @property
+    def awake(self) -> bool:
+        """Weights and KV cache both resident: the only state in which the replica may generate."""
+        return self.resident >= set(MEMORY_TAGS)
+
+    def _require_awake(self, what: str, needs: tuple[str, ...] = MEMORY_TAGS) -> None:
+        released = [tag for tag in needs if tag not in self.resident]
+        if released:
+            raise RolloutAsleepError(
+                f"hf rollout replica {self.replica_rank}: {what} while asleep ({' and '.join(released)} released). "
+                "The step asks the rollout for work after checkpoint_manager.sleep_replicas() and before the next "
+                "checkpoint_manager.update_weights() (which resumes the weights, loads them and resumes the KV "
+                "cache); on a GPU vLLM would fail here"
+            )
+
+    @property
     def max_model_len(self) -> int:
         return int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length))
 
@@ -246,6 +278,7 @@ class HFRolloutServer:
         """One sample for one prompt (verl's agent loop sends one request per sample)."""
         if image_data is not None or video_data is not None or audio_data is not None:
             raise ValueError("the hf CPU rollout serves text-only models; got image/video/audio data")
+        self._require_awake("asked to generate")
         if self.model is None:
             self.init_engine()
         prompt = _as_int_list(prompt_ids)
@@ -300,6 +333,7 @@ class HFRolloutServer:
         from transformers import GenerationConfig
 
         assert self.model is not None, "init_engine() was not called"
+        self._require_awake("asked to generate")  # also requests queued before a sleep
         bsz = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
@@ -361,7 +395,8 @@ class HFRolloutServer:
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> dict:
-        """Load the trainer's weights (HF parameter names) into the served model."""
+        """Load the trainer's weights (HF parameter names) into the served model (the weights must be resumed)."""
+        self._require_awake("sent weights", needs=("weights",))
         if self.model is None:
             self.init_engine()
         own = self.model.state_dict()
@@ -398,21 +433,30 @@ class HFRolloutServer:
             "awake": self.awake,
         }
 
-    # ------------------------------------------------------------------ lifecycle (no device memory to free)
+    # ------------------------------------------------------------------ lifecycle (state only: no device memory)
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        self.awake = True
+        """Resume ``tags`` (default: weights and KV cache), as vLLM's ``wake_up(tags)``."""
+        tags = list(MEMORY_TAGS) if not tags else list(tags)
+        unknown = sorted(set(tags) - set(MEMORY_TAGS))
+        if unknown:
+            raise ValueError(f"hf rollout: wake_up tags {unknown} are not among {list(MEMORY_TAGS)}")
+        self.resident.update(tags)
 
     async def sleep(self) -> None:
-        self.awake = False
+        """Release weights and KV cache; a no-op without ``free_cache_engine``, like verl's vLLM server."""
+        if self.config.free_cache_engine:
+            self.resident.clear()
 
     async def clear_kv_cache(self) -> None:
         return None
 
     async def release_kv_cache(self) -> None:
-        return None
+        if self.config.free_cache_engine:
+            self.resident.discard("kv_cache")
 
     async def resume_kv_cache(self) -> None:
-        return None
+        if self.config.free_cache_engine:
+            self.resident.add("kv_cache")
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
