@@ -106,12 +106,22 @@ def prune_pools(checkpoint_dir: str, keep: int | None) -> list[str]:
     return removed
 
 
-def rollout_actor_agreement(batch: DataProto) -> dict[str, float]:
+def rollout_actor_agreement(batch: DataProto, first_diff_mean: float | None = None) -> dict[str, float]:
     """How closely the rollout's sampling log-probs match the actor's recomputed old log-probs, on generated rows.
 
-    Both come from the same weights when the weight sync works, so the gap is numerical noise (|Δ| ~1e-6 on
-    CPU float32); stale rollout weights show up as a gap of the size of one update. Replayed rows are left out:
-    their "rollout" log-probs are the stored behaviour log-probs of a past policy.
+    Both come from the same weights when the weight sync works, so the gap is numerical noise: |Δ| ~1e-6 in
+    float32 on CPU, but ~1e-2 on average with maxima above 1 for a bf16 vLLM rollout against a bf16 FSDP actor, more
+    than one update at lr 1e-6 moves a log-prob. So beside the gap itself (``diff_mean``, ``diff_max``):
+
+    - ``log_prob_pearson``: Pearson correlation of the two log-prob vectors. Noise keeps it at the top of its range
+      (the log-probs of a step span several nats, the noise ~1e-2); weights that are not the actor's (a broken or
+      partial load) pull it down at once.
+    - ``diff_mean_vs_first``: this step's mean gap over the first measured step's (``first_diff_mean``; the step
+      weights were pushed to the rollout from the same checkpoint the actor loaded, so its gap is the noise floor
+      of this run's hardware and numerics). Noise keeps it near 1; a rollout left on stale weights drifts further
+      from the actor with every update, so the ratio climbs step after step.
+
+    Replayed rows are left out: their "rollout" log-probs are the stored behaviour log-probs of a past policy.
     """
     if "rollout_log_probs" not in batch.batch.keys() or "old_log_probs" not in batch.batch.keys():
         return {}
@@ -120,13 +130,18 @@ def rollout_actor_agreement(batch: DataProto) -> dict[str, float]:
         mask = mask & ~batch.batch[IS_REPLAY_KEY].bool().unsqueeze(-1)
     if not bool(mask.any()):
         return {}
-    rollout = batch.batch["rollout_log_probs"].float()[mask]
-    actor = batch.batch["old_log_probs"].float()[mask]
+    rollout = batch.batch["rollout_log_probs"].double()[mask]
+    actor = batch.batch["old_log_probs"].double()[mask]
     diff = (rollout - actor).abs()
-    return {
+    out = {
         "exgrpo/rollout_actor_log_prob_diff_mean": float(diff.mean()),
         "exgrpo/rollout_actor_log_prob_diff_max": float(diff.max()),
     }
+    if rollout.numel() > 1 and float(rollout.std()) > 0 and float(actor.std()) > 0:
+        out["exgrpo/rollout_actor_log_prob_pearson"] = float(torch.corrcoef(torch.stack([rollout, actor]))[0, 1])
+    if first_diff_mean is not None and first_diff_mean > 0:
+        out["exgrpo/rollout_actor_log_prob_diff_mean_vs_first"] = float(diff.mean()) / first_diff_mean
+    return out
 
 
 def replay_response_width(config) -> int:
@@ -167,6 +182,9 @@ def reward_health(reward_extra_infos: dict) -> dict[str, float]:
 
 class RayExGRPOTrainer(RayPPOTrainer):
     """verl's legacy PPO trainer with the ExGRPO experience manager between rollout and actor update."""
+
+    #: the first measured rollout/actor mean log-prob gap of this process (``rollout_actor_agreement``)
+    _first_agreement: float | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -439,8 +457,17 @@ class RayExGRPOTrainer(RayPPOTrainer):
         else:
             batch.batch.pop(CANDIDATE_KEY, None)
         batch.batch.pop("entropys")
-        metrics.update(rollout_actor_agreement(batch))  # the weight sync's health, on the generated rows
+        metrics.update(self._rollout_actor_agreement(batch))  # the weight sync's health, on the generated rows
         return batch
+
+    def _rollout_actor_agreement(self, batch: DataProto) -> dict[str, float]:
+        """``rollout_actor_agreement`` against the first step this process measured (its noise floor)."""
+        out = rollout_actor_agreement(batch, self._first_agreement)
+        mean = out.get("exgrpo/rollout_actor_log_prob_diff_mean")
+        if self._first_agreement is None and mean is not None and mean > 0:
+            self._first_agreement = mean
+            out["exgrpo/rollout_actor_log_prob_diff_mean_vs_first"] = 1.0
+        return out
 
     def _score_replayed_members(self, batch: DataProto) -> None:
         """Reward of the replayed members, like any other member's (their rows carry zeroed ``rm_scores``)."""
