@@ -3,7 +3,8 @@
 The config is verl's ``ppo_trainer`` plus one ``exgrpo:`` block (config/exgrpo_trainer.yaml). The block is
 validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range; so are
 the verl settings the recipe would otherwise accept and ignore (``algorithm.adv_estimator``, ``use_kl_loss``, ...:
-``recipe/exgrpo/config_bridge.py``, docs/trainer.md).
+``recipe/exgrpo/config_bridge.py``, docs/trainer.md). The Ray job carries the recipe's code to every worker and
+checks, once Ray is up and before the trainer starts, that every node imports it (``recipe/exgrpo/ray_job.py``).
 """
 
 from __future__ import annotations
@@ -21,23 +22,29 @@ from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_cr
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
-RECIPE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: the recipe's reward and dataset, loaded by module name (``pkg://``), so that a worker on any node finds them
+#: in the code the job ships (a file path of the driver's checkout may not exist there)
+RECIPE_REWARD = "pkg://recipe.exgrpo.reward"
+RECIPE_DATASET = "pkg://recipe.exgrpo.dataset"
 
 
 def prepare_config(config) -> None:
-    """Fill the recipe's defaults that depend on where it is installed, validate the ``exgrpo`` block and reject
-    the verl settings the recipe would silently ignore (``config_bridge.UNSUPPORTED_VERL_SETTINGS``)."""
+    """Fill the recipe's defaults (its reward and dataset), validate the ``exgrpo`` block, reject the verl settings
+    the recipe would silently ignore (``config_bridge.UNSUPPORTED_VERL_SETTINGS``) and put what the workers need
+    into the Ray job's ``runtime_env`` (the engine hook's variables, the recipe's code: ``ray_job.ship_code``)."""
     from recipe.exgrpo.config_bridge import check_startup_config
+    from recipe.exgrpo.ray_job import ship_code
 
     with open_dict(config):
         if not config.reward.custom_reward_function.get("path"):
-            config.reward.custom_reward_function.path = os.path.join(RECIPE_DIR, "reward.py")
+            config.reward.custom_reward_function.path = RECIPE_REWARD
             config.reward.custom_reward_function.name = "compute_score"
         if not config.data.custom_cls.get("path"):
-            config.data.custom_cls.path = os.path.join(RECIPE_DIR, "dataset.py")
+            config.data.custom_cls.path = RECIPE_DATASET
             config.data.custom_cls.name = "ExGRPODataset"
     exgrpo = check_startup_config(config)  # raises naming every bad key, verl's and exgrpo's
     install_worker_env(config, exgrpo.skip_grad_norm_above)
+    ship_code(config)
     from recipe.exgrpo.cpu_guard import check_device_config
 
     check_device_config(config)
@@ -131,7 +138,10 @@ def main(config):
     auto_set_device(config)
     prepare_config(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=ExGRPOTaskRunner)
+    from recipe.exgrpo.ray_job import CheckedTaskRunner
+
+    # every node must import the recipe: checked once run_ppo has started Ray, before the task runner starts
+    run_ppo(config, task_runner_class=CheckedTaskRunner(ExGRPOTaskRunner))
 
 
 if __name__ == "__main__":
