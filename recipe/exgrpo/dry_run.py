@@ -18,7 +18,10 @@ every check that needs neither GPUs, Ray, a model nor the data:
 6. what verl skips with dynamic batch size on: a step's B x K responses and a mini-batch's responses split evenly
    over the data-parallel ranks;
 7. with ``--check-paths``: the model directory and the data files exist, and the data's prompts suit the chat
-   template (the Llama-3.1-8B base prompt with the verbatim template, chat rows otherwise).
+   template (the Llama-3.1-8B base prompt with the verbatim template, chat rows otherwise);
+8. the GPU memory of generation: the FSDP actor's resident state per GPU plus vLLM's ``gpu_memory_utilization``
+   share of the card (``recipe/exgrpo/memory_estimate.py``; ``--gpu-memory-gib``, ``--model-params``): a warning
+   naming the setting and a value that fits when the sum nears the card's memory.
 
 All problems found are reported together, each naming its key. Exit status: 0 valid, 1 invalid, 2 bad usage.
 The launch scripts under ``scripts/train`` call this with ``DRY_RUN=1`` (see docs/launch_scripts.md).
@@ -110,6 +113,8 @@ class DryRunReport:
     exgrpo: Any  # exgrpo.config.ExGRPOConfig
     overrides: list[str]
     notes: list[str] = field(default_factory=list)
+    #: not errors, but likely to fail on the cluster (the GPU memory estimate)
+    warnings: list[str] = field(default_factory=list)
 
     def resolved_yaml(self) -> str:
         return OmegaConf.to_yaml(self.config, resolve=True)
@@ -612,8 +617,14 @@ def dry_run(
     config_dir: Path = CONFIG_DIR,
     allow_new_keys: Sequence[str] = (),
     check_files: bool = False,
+    card_gib: float | None = None,
+    model_params: float | None = None,
 ) -> DryRunReport:
-    """Compose and validate one launch; raises ``DryRunError`` listing every problem found."""
+    """Compose and validate one launch; raises ``DryRunError`` listing every problem found.
+
+    ``card_gib`` / ``model_params``: the GPU's memory and the model's parameter count for the memory estimate
+    (default: ``GPU_MEMORY_GIB`` or 80; ``MODEL_PARAMS``, else the model's config.json, else the known backbones).
+    """
     for o in overrides:
         if "\n" in o:
             raise DryRunError([f"override {o.splitlines()[0]!r}... contains a newline"])
@@ -629,10 +640,41 @@ def dry_run(
         problems += check_paths(config)
     if problems:
         raise DryRunError(problems)
-    notes = []
+    notes, warnings = [], []
     if exgrpo.enable and int(exgrpo.replay_ratio * int(config.data.train_batch_size)) == 0:
         notes.append("exgrpo.replay_ratio x data.train_batch_size < 1: no question will ever be replayed")
-    return DryRunReport(config=config, exgrpo=exgrpo, overrides=list(overrides), notes=notes)
+    estimate, why_not = generation_memory(config, card_gib, model_params)
+    if estimate is not None:
+        warning = estimate.warning()
+        (warnings if warning else notes).append(warning or estimate.summary())
+    elif why_not and str(config.actor_rollout_ref.rollout.name) == "vllm":
+        notes.append(f"no GPU memory estimate: {why_not}")
+    return DryRunReport(config=config, exgrpo=exgrpo, overrides=list(overrides), notes=notes, warnings=warnings)
+
+
+def generation_memory(config: DictConfig, card_gib: float | None = None, model_params: float | None = None):
+    """The memory estimate of a valid config, with the settings' environment defaults (``memory_estimate``)."""
+    from recipe.exgrpo.memory_estimate import (
+        CARD_GIB_ENV,
+        DEFAULT_CARD_GIB,
+        MODEL_PARAMS_ENV,
+        MemoryEstimateError,
+        estimate_generation_memory,
+        parse_count,
+    )
+
+    try:
+        if card_gib is None:
+            text = os.environ.get(CARD_GIB_ENV) or str(DEFAULT_CARD_GIB)
+            try:
+                card_gib = float(text)
+            except ValueError:
+                raise MemoryEstimateError(f"{CARD_GIB_ENV}={text!r}: give the GPU's memory in GiB, e.g. 80") from None
+        if model_params is None and os.environ.get(MODEL_PARAMS_ENV):
+            model_params = parse_count(os.environ[MODEL_PARAMS_ENV])
+        return estimate_generation_memory(config, card_gib=card_gib, model_params=model_params)
+    except MemoryEstimateError as e:
+        raise DryRunError([str(e)]) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -653,6 +695,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept +KEY additions under PREFIX (repeatable; also DRY_RUN_ALLOW_NEW_KEYS=a,b)",
     )
     p.add_argument("--check-paths", action="store_true", help="also require the model dir and data files to exist")
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="memory of one GPU for the generation-memory estimate (default: $GPU_MEMORY_GIB, else 80)",
+    )
+    p.add_argument(
+        "--model-params",
+        default=None,
+        help="parameter count for the estimate, e.g. 7.6e9 or 7.6B (default: $MODEL_PARAMS, else the model's "
+        "config.json, else the known backbones)",
+    )
     return p
 
 
@@ -660,14 +714,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     allow = list(args.allow_new_key) + [p for p in os.environ.get("DRY_RUN_ALLOW_NEW_KEYS", "").split(",") if p.strip()]
     try:
+        from recipe.exgrpo.memory_estimate import parse_count
+
         report = dry_run(
             args.overrides,
             config_name=args.config_name,
             config_dir=Path(args.config_dir),
             allow_new_keys=allow,
             check_files=args.check_paths,
+            card_gib=args.gpu_memory_gib,
+            model_params=parse_count(args.model_params) if args.model_params is not None else None,
         )
-    except DryRunError as e:
+    except (DryRunError, ValueError) as e:
         print(f"[dry-run] FAILED: {e}", file=sys.stderr)
         return 1
     text = report.resolved_yaml()
@@ -678,6 +736,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.output).write_text(text, encoding="utf-8")
     for note in report.notes:
         print(f"[dry-run] note: {note}", file=sys.stderr)
+    for warning in report.warnings:
+        print(f"[dry-run] warning: {warning}", file=sys.stderr)
     print(f"[dry-run] OK  {report.summary()}", file=sys.stderr)
     return 0
 

@@ -278,7 +278,10 @@ exgrpo_prepare() {
     actor_rollout_ref.rollout.temperature=1.0
     actor_rollout_ref.rollout.top_p=1.0
     "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.8
+    # vLLM's share of the WHOLE card (vLLM 0.24), next to the FSDP actor's fp32 shards and AdamW state (~12 GiB
+    # per GPU for 7-8B on 8 GPUs): 0.7 fits 80 GB cards with headroom (the release's 0.8 meant something else in
+    # its older vLLM); the dry run estimates the sum (docs/launch_scripts.md, "GPU memory during generation")
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.7
     actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true
     actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768
     actor_rollout_ref.rollout.val_kwargs.temperature=0.6

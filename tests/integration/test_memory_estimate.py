@@ -1,0 +1,190 @@
+"""The dry run's GPU memory estimate of generation (``recipe/exgrpo/memory_estimate.py``): the FSDP actor's
+resident state per GPU (counted from a hand-made config.json) plus vLLM's share of the card, and the warning that
+names the setting and a value that fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe.exgrpo.dry_run import dry_run
+from recipe.exgrpo.dry_run import main as dry_run_main
+from recipe.exgrpo.memory_estimate import (
+    ACTOR_OVERHEAD_GIB,
+    GIB,
+    UTILIZATION_KEY,
+    count_parameters,
+    estimate_generation_memory,
+    known_model_params,
+    parse_count,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+#: Qwen2.5-Math-7B's config.json (the architecture keys): 7,615,616,512 parameters as published
+QWEN_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 16384,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _write_model(tmp_path: Path, **config) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def _qwen2_count(h, inter, layers, heads, kv, vocab, tied) -> int:
+    """Qwen2 by hand: q/k/v with biases, o without, a gated MLP, two RMSNorms per layer, a final norm."""
+    kv_dim = kv * (h // heads)
+    attention = (h * h + h) + 2 * (h * kv_dim + kv_dim) + h * h
+    return vocab * h * (1 if tied else 2) + layers * (attention + 3 * h * inter + 2 * h) + h
+
+
+def _config(model_path, gpus=8, nodes=1, utilization=0.7, **fsdp):
+    return OmegaConf.create(
+        {
+            "trainer": {"nnodes": nodes, "n_gpus_per_node": gpus},
+            "actor_rollout_ref": {
+                "hybrid_engine": True,
+                "model": {"path": str(model_path), "trust_remote_code": False},
+                "actor": {"strategy": "fsdp", "fsdp_config": {"fsdp_size": -1, "model_dtype": "fp32", **fsdp}},
+                "rollout": {"name": "vllm", "gpu_memory_utilization": utilization},
+            },
+        }
+    )
+
+
+def test_the_parameter_count_is_read_from_config_json(tmp_path):
+    small = dict(QWEN_7B, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4)
+    small.update(num_key_value_heads=2, vocab_size=300)
+    model = _write_model(tmp_path, **small)
+    assert count_parameters(model) == _qwen2_count(64, 160, 3, 4, 2, 300, tied=False)
+    tied = _write_model(tmp_path / "t", **dict(small, tie_word_embeddings=True))
+    assert count_parameters(tied) == _qwen2_count(64, 160, 3, 4, 2, 300, tied=True)  # shared tensor counted once
+
+
+def test_the_estimate_of_the_7b_run_on_8_gpus(tmp_path):
+    model = _write_model(tmp_path, **QWEN_7B)
+    estimate, why = estimate_generation_memory(_config(model), card_gib=80)
+    assert why is None and estimate.params == 7_615_616_512 == _qwen2_count(3584, 18944, 28, 28, 4, 152064, False)
+    assert estimate.shards == 8 and estimate.params_source == f"{model}/config.json"
+    # fp32 shards (4 B) + AdamW's two fp32 moments (8 B) per parameter, over 8 ranks: ~10.6 GiB; no gradients
+    assert estimate.actor_params_gib == pytest.approx(4 * 7_615_616_512 / 8 / GIB)
+    assert estimate.actor_optimizer_gib == pytest.approx(8 * 7_615_616_512 / 8 / GIB)
+    assert estimate.actor_params_gib + estimate.actor_optimizer_gib == pytest.approx(10.64, abs=0.01)
+    assert estimate.vllm_gib == pytest.approx(56.0) and estimate.total_gib == pytest.approx(68.14, abs=0.01)
+    assert estimate.fits and estimate.warning() is None
+
+
+def test_the_warning_names_the_setting_and_a_value_that_fits(tmp_path):
+    model = _write_model(tmp_path, **QWEN_7B)
+    estimate, _ = estimate_generation_memory(_config(model, utilization=0.8), card_gib=80)
+    assert estimate.total_gib == pytest.approx(76.14, abs=0.01) and not estimate.fits  # the release's 0.8
+    warning = estimate.warning()
+    assert f"set {UTILIZATION_KEY}=0.75" in warning and "param_offload=true" in warning, warning
+    fitted, _ = estimate_generation_memory(_config(model, utilization=0.75), card_gib=80)
+    assert fitted.fits  # the value it names does fit
+    # fewer GPUs hold bigger shards: 4 GPUs need a lower share
+    four, _ = estimate_generation_memory(_config(model, gpus=4, utilization=0.7), card_gib=80)
+    assert not four.fits and f"{UTILIZATION_KEY}=0.65" in four.warning()
+    # a bigger card (an H200's 141 GiB) fits the release's 0.8
+    big, _ = estimate_generation_memory(_config(model, utilization=0.8), card_gib=141)
+    assert big.fits
+
+
+def test_offload_and_sharding_settings_change_what_stays_on_the_gpu(tmp_path):
+    model = _write_model(tmp_path, **QWEN_7B)
+    n = 7_615_616_512
+
+    def actor(**settings):
+        e, _ = estimate_generation_memory(_config(model, **settings))
+        return e.actor_params_gib + e.actor_optimizer_gib
+
+    assert actor(param_offload=True, optimizer_offload=True) == 0.0  # verl moves both to the CPU while vLLM runs
+    assert actor(optimizer_offload=True) == pytest.approx(4 * n / 8 / GIB)
+    assert actor(param_offload=True) == pytest.approx(8 * n / 8 / GIB)
+    assert actor(model_dtype="bf16") == pytest.approx(6 * n / 8 / GIB)
+    assert actor(nodes=2) == pytest.approx(12 * n / 16 / GIB)  # sharded over every rank of every node
+    assert actor(nodes=2, fsdp_size=8) == pytest.approx(12 * n / 8 / GIB)  # hybrid sharding: over 8 only
+    e, _ = estimate_generation_memory(_config(model, param_offload=True, optimizer_offload=True))
+    assert e.actor_gib == ACTOR_OVERHEAD_GIB
+
+
+def test_without_config_json_the_known_backbones_or_an_explicit_count(tmp_path):
+    assert known_model_params("/models/Qwen2.5-Math-7B-16k") == pytest.approx(7.616e9)
+    assert known_model_params("Qwen/Qwen2.5-Math-1.5B") == pytest.approx(1.544e9)
+    assert known_model_params("/ckpt/LUFFY-Qwen-Math-7B-Zero/") == pytest.approx(7.616e9)
+    assert known_model_params("meta-llama/Llama-3.1-8B-Instruct") == pytest.approx(8.03e9)
+    assert known_model_params("/models/my-model") is None
+    estimate, why = estimate_generation_memory(_config("/absent/Qwen2.5-Math-7B"))
+    assert why is None and "table of known backbones" in estimate.params_source
+    none, why = estimate_generation_memory(_config("/absent/my-model"))
+    assert none is None and "--model-params" in why
+    explicit, _ = estimate_generation_memory(_config("/absent/my-model"), model_params=parse_count("7.6B"))
+    assert explicit.params == pytest.approx(7.6e9)
+    assert parse_count("350M") == 3.5e8 and parse_count("7.616e9") == 7.616e9
+    with pytest.raises(ValueError, match="MODEL_PARAMS"):
+        parse_count("seven")
+    cpu = _config(tmp_path)
+    cpu.actor_rollout_ref.rollout.name = "hf"
+    assert estimate_generation_memory(cpu) == (None, "the rollout is not vLLM")
+
+
+# ------------------------------------------------------------------------------ the launch scripts, the dry run
+BACKBONE_PARAMS = {
+    "qwen2.5_math_7b": "Qwen2.5-Math-7B",
+    "qwen2.5_math_1.5b": "Qwen2.5-Math-1.5B",
+    "qwen2.5_7b_instruct": "Qwen2.5-7B-Instruct",
+    "llama3.1_8b": "Llama-3.1-8B",
+    "llama3.1_8b_instruct": "Llama-3.1-8B-Instruct",
+    "luffy_continual": "LUFFY-Qwen-Math-7B-Zero",
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_platform(monkeypatch):
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    for name in ("GPU_MEMORY_GIB", "MODEL_PARAMS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("backbone", sorted(BACKBONE_PARAMS))
+def test_every_launch_scripts_default_fits_an_80_gb_card(backbone):
+    from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, printed_launches
+
+    name = BACKBONE_PARAMS[backbone]
+    (overrides,) = printed_launches(TRAIN_DIR / f"exgrpo_{backbone}.sh", MODEL_PATH=f"/models/{name}")
+    report = dry_run(overrides)
+    assert report.warnings == [], report.warnings
+    (note,) = [n for n in report.notes if n.startswith("GPU memory during generation")]
+    assert "of 80 GiB" in note and name in note
+    if "7b" in backbone or "8b" in backbone:  # the release's 0.8 does not fit next to a 7-8B actor on 8 GPUs
+        assert dry_run([*overrides, f"{UTILIZATION_KEY}=0.8"]).warnings
+
+
+def test_the_dry_run_prints_the_warning_and_still_passes(capsys, tmp_path):
+    model = _write_model(tmp_path, **QWEN_7B)
+    from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, printed_launches
+
+    (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", MODEL_PATH=str(model))
+    assert dry_run_main(["--quiet", "--", *overrides, f"{UTILIZATION_KEY}=0.8"]) == 0  # a warning, not an error
+    err = capsys.readouterr().err
+    assert "[dry-run] warning: GPU memory during generation" in err and f"{UTILIZATION_KEY}=0.75" in err, err
+    assert dry_run_main(["--quiet", "--gpu-memory-gib", "141", "--", *overrides, f"{UTILIZATION_KEY}=0.8"]) == 0
+    err = capsys.readouterr().err
+    assert "[dry-run] warning" not in err and "of 141 GiB" in err, err
+    assert dry_run_main(["--quiet", "--model-params", "seven", "--", *overrides]) == 1
+    assert "MODEL_PARAMS='seven'" in capsys.readouterr().err
