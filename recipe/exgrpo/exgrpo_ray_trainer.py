@@ -116,10 +116,10 @@ def rollout_actor_agreement(batch: DataProto, first_diff_mean: float | None = No
     - ``log_prob_pearson``: Pearson correlation of the two log-prob vectors. Noise keeps it at the top of its range
       (the log-probs of a step span several nats, the noise ~1e-2); weights that are not the actor's (a broken or
       partial load) pull it down at once.
-    - ``diff_mean_vs_first``: this step's mean gap over the first measured step's (``first_diff_mean``; the step
-      weights were pushed to the rollout from the same checkpoint the actor loaded, so its gap is the noise floor
-      of this run's hardware and numerics). Noise keeps it near 1; a rollout left on stale weights drifts further
-      from the actor with every update, so the ratio climbs step after step.
+    - ``diff_mean_vs_first``: this step's mean gap over the first measured step's (``first_diff_mean``). At that
+      step rollout and actor hold the same weights (both loaded before any update), so its gap is the noise floor
+      of this run's hardware and numerics. Noise keeps the ratio near 1; a rollout left on stale weights drifts
+      further from the actor with every update, so the ratio climbs step after step.
 
     Replayed rows are left out: their "rollout" log-probs are the stored behaviour log-probs of a past policy.
     """

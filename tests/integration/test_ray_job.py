@@ -137,7 +137,7 @@ DRIVER = textwrap.dedent(
         ray.init(num_cpus=1, include_dashboard=False, _temp_dir=sys.argv[3], runtime_env=runtime_env,
                  logging_level="ERROR", log_to_driver=False)
         try:
-            check_worker_imports(modules, timeout_s=90)
+            check_worker_imports(modules, timeout_s=240)
             out[str(shipped)] = "ok"
         except WorkerImportError as e:
             out[str(shipped)] = str(e)
@@ -149,7 +149,7 @@ DRIVER = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(720)
 def test_a_worker_without_the_code_is_named_and_shipping_the_code_fixes_it(tmp_path):
     from recipe.exgrpo.cpu.procs import run_in_new_session
 
@@ -165,7 +165,7 @@ def test_a_worker_without_the_code_is_named_and_shipping_the_code_fixes_it(tmp_p
         result = run_in_new_session(
             [sys.executable, str(run_dir / "driver.py"), str(package.parent), str(REPO), ray_tmp],
             env=env,
-            timeout_s=360,
+            timeout_s=660,
             log_path=tmp_path / "driver.log",
             cwd=run_dir,
         )
