@@ -159,7 +159,7 @@ def uv_runs(cap_s: float, work: Path, locked: dict[str, str]) -> list[Run]:
     return runs
 
 
-def install_runs(pip_version: str, cap_s: float, work: Path) -> list[Run]:
+def install_runs(pip_version: str, cap_s: float, work: Path, keep: bool) -> list[Run]:
     runs = []
     uv = uv_bin()
     for tool in ("uv", "pip"):
@@ -176,8 +176,9 @@ def install_runs(pip_version: str, cap_s: float, work: Path) -> list[Run]:
         run = Run(f"install with {tool}, locked", shown(cmd, work), seconds, rc is not None, rc)
         run.note = f"environment {size}" if rc == 0 else (work / f"install-{tool}.log").read_text()[-200:]
         runs.append(run)
-        shutil.rmtree(venv, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(venv, ignore_errors=True)
     return runs
 
 
@@ -190,7 +191,9 @@ def main() -> None:
     p.add_argument("--cap-s", type=float, default=600.0, help="stop a run after this many seconds")
     p.add_argument("--install", action="store_true", help="also time a real install with the lock (uv and pip)")
     p.add_argument("--install-cap-s", type=float, default=1800.0, help="stop an install after this many seconds")
-    p.add_argument("--keep", action="store_true", help="keep the work folder (logs, reports)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work folder (logs, reports, the installed environments)"
+    )
     args = p.parse_args()
 
     locked = locked_versions(read_lock(REPO / GPU_LOCK))
@@ -205,7 +208,7 @@ def main() -> None:
             for version in args.pip.split(","):
                 runs += pip_runs(version.strip(), args.cap_s, work, locked)
         if args.install:
-            runs += install_runs(args.pip.split(",")[-1].strip(), args.install_cap_s, work)
+            runs += install_runs(args.pip.split(",")[-1].strip(), args.install_cap_s, work, args.keep)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
