@@ -23,7 +23,9 @@
 # UV_OFFLINE are kept.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LOCK_DATE=2026-12-01T00:00:00Z
+# A few weeks before the lock was made: the newest releases are still settling (wheels uploaded days later, yanks),
+# and a release that changes after the cutoff must not make the lock depend on the day it is regenerated.
+LOCK_DATE=2026-11-01T00:00:00Z
 PYTHON_MIN=3.10
 UV="${UV:-uv}"
 OUT="${OUT:-$ROOT/requirements-gpu.lock}"

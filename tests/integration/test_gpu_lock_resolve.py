@@ -102,7 +102,7 @@ def _is_lock_target() -> bool:
     )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(not _is_lock_target(), reason="pip resolves for this interpreter: Linux x86_64, Python 3.10-3.12")
 def test_pip_resolves_with_the_lock_without_backtracking(index, tmp_path):
     """install_gpu.sh's pip path as a dry run for this interpreter: every package at its locked version, no
@@ -113,7 +113,7 @@ def test_pip_resolves_with_the_lock_without_backtracking(index, tmp_path):
         [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--report",
          str(report), "--cache-dir", str(tmp_path / "pip-cache"), "--use-feature=fast-deps", "-v",
          "-r", "requirements.txt", "-c", GPU_LOCK],
-        540,
+        840,  # 100-250 s measured: the metadata of 263 wheels, one after the other
     )  # fmt: skip
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"pip could not resolve requirements.txt with the lock: {log[-3000:]}"
