@@ -167,8 +167,10 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
     UnsupportedSetting(
         "reward.reward_model.enable",
         _off,
-        "the recipe trains on the verifiable math-verify reward (docs/algorithm.md §10) and its trainer runs no "
-        "reward model; set reward.reward_model.enable=false",
+        "a reward model gives real-valued rewards, which the binary mode's success counts cannot bucket: set "
+        "exgrpo.reward_mode=continuous (docs/algorithm.md §13), or reward.reward_model.enable=false for the "
+        "verifiable math-verify reward (§10)",
+        applies=lambda config: OmegaConf.select(config, "exgrpo.reward_mode", default="binary") != "continuous",
     ),
     UnsupportedSetting(
         "distillation.enabled",

@@ -130,3 +130,11 @@ def test_exgrpo_k_must_agree_with_rollout_n():
     with pytest.raises(ConfigError, match=r"exgrpo.k=4 disagrees with actor_rollout_ref.rollout.n=8"):
         exgrpo_config_from_hydra(_config(**{"exgrpo.k": 4}))
     assert exgrpo_config_from_hydra(_config(**{"exgrpo.k": 8})).k == 8  # saying the same thing is fine
+
+
+def test_a_reward_model_is_accepted_in_the_continuous_mode_only():
+    rm = {"reward.reward_model.enable": True}
+    (problem,) = verl_setting_problems(_config(**rm))
+    assert "exgrpo.reward_mode=continuous" in problem  # the message names the mode that takes it
+    cfg = _config(**rm, **{"exgrpo.reward_mode": "continuous"})
+    assert verl_setting_problems(cfg) == [] and check_startup_config(cfg).reward_mode == "continuous"
