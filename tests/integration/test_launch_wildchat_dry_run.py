@@ -128,3 +128,21 @@ def test_dry_run_mode_end_to_end(tmp_path):
     assert "steps=2 epochs" in proc.stderr
     missing = run_script(EXGRPO, env=script_env(tmp_path, DRY_RUN="0", PREFLIGHT="0"))
     assert missing.returncode == 2 and "RM_PATH is not set" in missing.stderr
+
+
+def test_the_ifeval_command_of_a_merged_checkpoint(tmp_path):
+    script = TRAIN_DIR.parent / "eval" / "eval_ifeval.sh"
+    model = "/ckpt/exgrpo_qwen2.5_7b_base_wildchat_if/global_step_116/merged_hf"
+    proc = run_script(script, "--limit", "5", env=script_env(tmp_path, DRY_RUN="print", MODEL_PATH=model, N_GPUS="8"))
+    assert proc.returncode == 0, proc.stderr
+    lm_eval, table = proc.stdout.splitlines()
+    assert " -m lm_eval --model vllm --model_args " in lm_eval and "--tasks ifeval --apply_chat_template" in lm_eval
+    assert f"pretrained={model}" in lm_eval.replace("\\,", ",") and "data_parallel_size=8" in lm_eval.replace("\\", "")
+    assert lm_eval.endswith("--log_samples --limit 5 ")
+    assert "-m exgrpo.eval.instruction_following" in table
+    assert "--label exgrpo_qwen2.5_7b_base_wildchat_if/global_step_116" in table
+    # a folder without weights stops with the merge command, as the other evaluation scripts do
+    empty = tmp_path / "merged_hf"
+    empty.mkdir()
+    proc = run_script(script, env=script_env(tmp_path, MODEL_PATH=str(empty)))
+    assert proc.returncode == 2 and "holds no weights" in proc.stderr and "verl.model_merger merge" in proc.stderr
