@@ -17,7 +17,9 @@
 #   RM_TP             vLLM tensor parallel size of each reward-model replica (default 1: an 8B model fits one GPU)
 #   RM_GPUS_PER_NODE  0 (default): colocated, the reward model shares the actor's GPUs and scores each step's
 #                     responses once the rollout sleeps; N > 0: its own pool of N GPUs per node, scoring as the
-#                     responses are generated, and the actor gets N_GPUS_PER_NODE - N of them
+#                     responses are generated, and the actor gets N_GPUS_PER_NODE - N of them. verl 0.9.1 cannot
+#                     score a reward model in its own pool by itself (docs/launch_scripts.md): that needs a reward
+#                     function calling the model (reward.custom_reward_function.path=...), else the dry run refuses
 #   RM_GPU_MEMORY     the reward model's vLLM gpu_memory_utilization (default 0.5)
 set -euo pipefail
 # shellcheck source=scripts/train/common.sh

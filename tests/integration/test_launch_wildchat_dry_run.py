@@ -62,8 +62,17 @@ def test_the_onpolicy_twin_differs_only_in_replay():
     assert differing_paths(a, b) == {"exgrpo.enable"} and not b.exgrpo.enable
 
 
+#: a reward function calling the model through verl's reward_router_address (what a reward model in its own pool needs
+#: with verl 0.9.1); for the dry run any loadable reward function stands in for one
+ROUTER_FUNCTION = ["reward.custom_reward_function.path=pkg://recipe.exgrpo.partial_credit"]
+
+
 def test_a_reward_model_in_its_own_pool_takes_its_gpus_from_the_node():
-    report = dry_run(_launch(RM_GPUS_PER_NODE="4", RM_TP="2"))
+    # scored by verl's own reward-model path, it would fail every step in verl 0.9.1: refused, with the way out
+    with pytest.raises(DryRunError) as err:
+        dry_run(_launch(RM_GPUS_PER_NODE="4", RM_TP="2"))
+    assert any("lacks reward_extra_info" in p and "colocate it" in p for p in err.value.problems)
+    report = dry_run(_launch(RM_GPUS_PER_NODE="4", RM_TP="2") + ROUTER_FUNCTION)
     c = flat(report)
     assert c["reward.reward_model.enable_resource_pool"] is True
     assert (
@@ -88,11 +97,12 @@ def test_the_dry_run_checks_the_reward_models_gpus(monkeypatch):
             "reward.reward_model.n_gpus_per_node=2",
             "reward.reward_model.nnodes=1",
             "trainer.n_gpus_per_node=4",
+            *ROUTER_FUNCTION,
         ],
         "do not split the actor's 1 x 8 GPUs into whole replicas": [
             "reward.reward_model.rollout.tensor_model_parallel_size=3"
         ],
-        "needs reward.reward_model.nnodes >= 1": ["reward.reward_model.enable_resource_pool=true"],
+        "needs reward.reward_model.nnodes >= 1": ["reward.reward_model.enable_resource_pool=true", *ROUTER_FUNCTION],
         "reward.reward_model.rollout.max_model_len = 4096 cannot hold": [
             "reward.reward_model.rollout.max_model_len=4096"
         ],
@@ -118,7 +128,7 @@ def test_the_script_refuses_a_reward_model_pool_that_leaves_no_actor(tmp_path):
     assert proc.returncode == 2 and "leaves no GPU for the actor" in proc.stderr
     # 8 - 2 = 6 actor GPUs: the step's 1024 responses do not split over them; the dry run says so
     with pytest.raises(DryRunError, match="do not split evenly over 6 data-parallel ranks"):
-        dry_run(_launch(RM_GPUS_PER_NODE="2"))
+        dry_run(_launch(RM_GPUS_PER_NODE="2") + ROUTER_FUNCTION)
 
 
 def test_dry_run_mode_end_to_end(tmp_path):
