@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 VAL_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+# verl files a variable under val-aux when the reward also returns "acc" (which then is the val-core one)
+VAL_ANY_KEY = re.compile(r"^val-(?:core|aux)/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 # the recipe's reward logs whether each response closed its think block (the toy task's format)
 THINK_KEY = re.compile(r"^val-aux/(?P<source>[^/]+)/think_closed/mean@(?P<n>\d+)$")
 DEFAULT_SOURCE_PREFIX = "toy_arithmetic_"
@@ -63,7 +65,7 @@ def validation_by_source(row: Mapping[str, Any], var: str | None = None) -> dict
     ``var`` when given, e.g. ``reward`` for a continuous reward's mean)."""
     found: dict[str, tuple[int, float]] = {}
     for key, value in row.items():
-        m = VAL_KEY.match(key)
+        m = (VAL_KEY if var is None else VAL_ANY_KEY).match(key)
         if not m or not isinstance(value, (int, float)):
             continue
         if var is not None:
