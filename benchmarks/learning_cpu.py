@@ -71,7 +71,7 @@ TARGET_ACCURACY = 0.35
 WALL_LIMIT_S = 1200
 
 
-def run_one(arm: str, seed: int, out: Path, assets, fresh: bool) -> dict:
+def run_one(arm: str, seed: int, out: Path, assets, fresh: bool, wall_limit_s: float = WALL_LIMIT_S) -> dict:
     """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
     run_dir = out / "runs" / f"{arm}_seed{seed}"
     done = run_dir / "done.json"
@@ -88,7 +88,7 @@ def run_one(arm: str, seed: int, out: Path, assets, fresh: bool) -> dict:
         **ARM_RUN_SETTINGS.get(arm, {}),
         test_freq=TEST_FREQ,
         val_before_train=True,
-        wall_limit_s=WALL_LIMIT_S,
+        wall_limit_s=wall_limit_s,
         ray_temp_dir=tempfile.mkdtemp(prefix="exglc-", dir="/tmp"),
     )
     print(f"[learning_cpu] {arm} seed {seed}: running ({run_dir / 'train.log'}) ...", flush=True)
@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         "the continuous arms' partial credit)",
     )
     parser.add_argument("--target", type=float, default=TARGET_ACCURACY, help="'steps to target' threshold")
+    parser.add_argument(
+        "--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s (a busy machine needs more)"
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     curves: dict[str, list] = {arm: [] for arm in arms}
     for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
         for arm in arms:
-            res = run_one(arm, seed, out, assets, args.fresh)
+            res = run_one(arm, seed, out, assets, args.fresh, args.wall_limit)
             curves[arm].append(
                 (
                     seed,
