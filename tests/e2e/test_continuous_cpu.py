@@ -5,8 +5,8 @@ One 20-step ExGRPO run with ``exgrpo.reward_mode=continuous`` and a graded rewar
 their stored reward (``exgrpo.replay_reward=stored``; the default re-scoring is the binary mode's path, covered by
 tests/e2e/test_exgrpo_cpu.py), a checkpoint every 10 steps; then a run resumed from step 10 for one step.
 
-- learning: the sampled responses' mean reward (``exgrpo/reward/mean``, replayed members left out) averages >= 0.8
-  over the last three steps and gains >= 0.2 over step 1; the rollout serves the updated weights; replayed tokens
+- learning: the sampled responses' mean reward (``exgrpo/reward/mean``, replayed members left out) averages >= 0.75
+  over the last three steps and gains >= 0.25 over step 1; the rollout serves the updated weights; replayed tokens
   reach the loss. The faults this is meant to catch, injected once, and what the check saw are in docs/learning.md
   ("The continuous reward mode");
 - the pool: buckets from the reward spread, the mode recorded in the checkpoint's header;
@@ -32,8 +32,8 @@ STEPS = 20
 QUESTIONS = 16
 K = 8
 LR = 1e-3  # the binary learnability check's learning rate (docs/learning.md §1)
-END_AT_LEAST = 0.8
-GAIN_AT_LEAST = 0.2
+END_AT_LEAST = 0.75
+GAIN_AT_LEAST = 0.25
 MAX_ROLLOUT_ACTOR_GAP = 1e-3
 SAVE_FREQ = 10
 # ~7 minutes on a quiet 2-core machine; the bound is for an oversubscribed one (the watchdog kills a run past it)
