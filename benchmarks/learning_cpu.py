@@ -52,6 +52,14 @@ ARMS: dict[str, tuple[bool, list[str]]] = {
     "exgrpo_no_shaping": (True, ["exgrpo.shaping=none"]),  # replayed tokens weighted by the plain ratio w
     "exgrpo_rho_0.25": (True, ["exgrpo.replay_ratio=0.25"]),  # a quarter of each batch replayed instead of half
     "exgrpo_tau_0.5": (True, ["exgrpo.delayed_start_threshold=0.5"]),  # replay starts later
+    # the continuous reward mode (docs/algorithm.md §13) on the toy partial credit (recipe/exgrpo/partial_credit.py)
+    "grpo_continuous": (False, []),
+    "exgrpo_continuous": (True, []),
+}
+#: Settings of the CPU run (recipe/exgrpo/cpu_demo.py:ExGRPOCpuRun fields) that an arm changes besides its overrides.
+ARM_RUN_SETTINGS: dict[str, dict] = {
+    "grpo_continuous": {"reward_mode": "continuous"},
+    "exgrpo_continuous": {"reward_mode": "continuous"},
 }
 DEFAULT_ARMS = ("grpo", "exgrpo")
 SEEDS = (1, 2, 3)
@@ -63,7 +71,7 @@ TARGET_ACCURACY = 0.35
 WALL_LIMIT_S = 1200
 
 
-def run_one(arm: str, seed: int, out: Path, assets, fresh: bool) -> dict:
+def run_one(arm: str, seed: int, out: Path, assets, fresh: bool, wall_limit_s: float = WALL_LIMIT_S) -> dict:
     """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
     run_dir = out / "runs" / f"{arm}_seed{seed}"
     done = run_dir / "done.json"
@@ -77,9 +85,10 @@ def run_one(arm: str, seed: int, out: Path, assets, fresh: bool) -> dict:
         seed=seed,
         exgrpo_enable=ARMS[arm][0],
         extra_overrides=list(ARMS[arm][1]),
+        **ARM_RUN_SETTINGS.get(arm, {}),
         test_freq=TEST_FREQ,
         val_before_train=True,
-        wall_limit_s=WALL_LIMIT_S,
+        wall_limit_s=wall_limit_s,
         ray_temp_dir=tempfile.mkdtemp(prefix="exglc-", dir="/tmp"),
     )
     print(f"[learning_cpu] {arm} seed {seed}: running ({run_dir / 'train.log'}) ...", flush=True)
@@ -109,6 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default: 1,2,3)")
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
     parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
+    parser.add_argument(
+        "--val-var",
+        default=None,
+        help="validation variable of the table and plot (default: acc, else reward; 'reward' = the mean reward, e.g. "
+        "the continuous arms' partial credit)",
+    )
+    parser.add_argument("--target", type=float, default=TARGET_ACCURACY, help="'steps to target' threshold")
+    parser.add_argument(
+        "--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s (a busy machine needs more)"
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -124,13 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     curves: dict[str, list] = {arm: [] for arm in arms}
     for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
         for arm in arms:
-            res = run_one(arm, seed, out, assets, args.fresh)
+            res = run_one(arm, seed, out, assets, args.fresh, args.wall_limit)
             curves[arm].append(
-                (seed, run_curve(res["rows"], f"{arm} seed {seed}", wall_seconds=res["wall_seconds"], group_size=k))
+                (
+                    seed,
+                    run_curve(
+                        res["rows"],
+                        f"{arm} seed {seed}",
+                        wall_seconds=res["wall_seconds"],
+                        group_size=k,
+                        val_var=args.val_var,
+                    ),
+                )
             )
     write_csv(curves, out / "learning_cpu.csv")
     by_arm = {arm: [c for _, c in runs] for arm, runs in curves.items()}
-    summaries = summarize_arms(by_arm, TARGET_ACCURACY)
+    summaries = summarize_arms(by_arm, args.target)
     settings = ", ".join(f"{key}={value}" for key, value in DEMO_SETTINGS.items() if key not in ("test_freq",))
     header = (
         f"ExGRPO vs on-policy GRPO on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
@@ -140,12 +168,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     header += (
         "arms: "
-        + "; ".join(f"{arm} = exgrpo.enable={ARMS[arm][0]}" + "".join(f" {o}" for o in ARMS[arm][1]) for arm in arms)
+        + "; ".join(
+            f"{arm} = exgrpo.enable={ARMS[arm][0]}"
+            + "".join(f" {o}" for o in ARMS[arm][1])
+            + "".join(f" {k}={v}" for k, v in ARM_RUN_SETTINGS.get(arm, {}).items())
+            for arm in arms
+        )
         + "\n\n"
     )
-    table = markdown_table(summaries, TARGET_ACCURACY)
+    measured = "the mean validation reward" if args.val_var == "reward" else "the validation accuracy"
+    header += f"start / final / best / AUC: {measured} (val-core/<level>/{args.val_var or 'acc'}/mean@1)\n\n"
+    table = markdown_table(summaries, args.target)
     (out / "learning_cpu.md").write_text(header + table)
-    png = plot_arms(by_arm, out / "learning_cpu.png", title=f"ExGRPO vs GRPO, CPU toy task ({len(seeds)} seeds)")
+    png = plot_arms(
+        by_arm,
+        out / "learning_cpu.png",
+        title=f"ExGRPO vs GRPO, CPU toy task ({len(seeds)} seeds)",
+        val_label="mean reward" if args.val_var == "reward" else "accuracy",
+    )
     print("\n" + header + table)
     print(f"csv: {out / 'learning_cpu.csv'}\ntable: {out / 'learning_cpu.md'}\nplot: {png}")
     return 0

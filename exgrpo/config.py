@@ -35,6 +35,27 @@ TRAJECTORY_MODE_CHOICES = ("min", "max")
 FRESH_CLIP_CHOICES = ("released", "always", "never")
 #: exgrpo.loss_scale: verl's global normaliser (ours) or each data-parallel rank's token sum / L_max (released).
 LOSS_SCALE_CHOICES = ("global", "per_rank")
+#: exgrpo.reward_mode: 0/1 rewards bucketed by success count (the paper's main method) or real-valued rewards
+#: bucketed by their normalised within-group spread (the paper's reward-model extension, docs/algorithm.md §13).
+REWARD_MODE_CHOICES = ("binary", "continuous")
+#: exgrpo.continuous_start: what replaces the binary pass rate of the delayed start in continuous mode.
+CONTINUOUS_START_CHOICES = ("steps", "mean_reward")
+#: exgrpo.replay_reward: the replayed member is re-scored by the reward function / model (as every member) or
+#: keeps the reward stored with it at collection.
+REPLAY_REWARD_CHOICES = ("rescore", "stored")
+#: Keys that only the continuous mode reads: a value other than the default in binary mode is an error (it would
+#: do nothing).
+CONTINUOUS_ONLY_KEYS = (
+    "spread_epsilon",
+    "equal_spread",
+    "flat_std",
+    "retire_mean_reward",
+    "continuous_members",
+    "member_threshold",
+    "continuous_start",
+    "continuous_start_steps",
+    "continuous_start_reward",
+)
 
 #: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
 REMOVED_KEYS = {
@@ -187,12 +208,46 @@ class ExGRPOConfig:
     #: non-finite norms are skipped). The release uses 500 (at its loss scale, see loss_scale).
     skip_grad_norm_above: float | None = None
 
+    # --- reward mode (§13): continuous rewards, buckets from the normalised within-group reward spread
+    #: 'binary' (0/1 rewards, buckets = success counts: the paper's main method) or 'continuous' (real-valued
+    #: rewards, e.g. a reward model: buckets = round(σ̃·K) of the normalised within-group reward spread).
+    reward_mode: str = "binary"
+    #: ε of σ̃ = max((σ − σ_min)/(σ_max − σ_min), ε), in (0, 1]; None means 1/K, where the formula lands on bucket 1.
+    spread_epsilon: float | None = None
+    #: σ̃ of every group when all the step's groups have the same σ (a single group too): max (1) | mid (½) | min (0).
+    equal_spread: str = "max"
+    #: A group whose reward std is <= this (reward units) is flat: no spread, all advantages 0 (the binary 0/K, K/K).
+    flat_std: float = 0.0
+    #: A flat group whose mean reward is >= this retires (the binary K/K); None = never retire (OUR CHOICE).
+    retire_mean_reward: float | None = None
+    #: Fresh members stored from a non-flat group: above_mean | top_1 | above_threshold (registry in
+    #: exgrpo.experience.continuous).
+    continuous_members: str = "above_mean"
+    #: Reward a member needs under continuous_members=above_threshold (reward units).
+    member_threshold: float | None = None
+    #: Delayed start in continuous mode: 'steps' (mixed after continuous_start_steps steps; OUR CHOICE) or
+    #: 'mean_reward' (after the first step whose mean reward is > continuous_start_reward).
+    continuous_start: str = "steps"
+    #: Steps before mixed mode under continuous_start=steps (0 = mixed from step 1).
+    continuous_start_steps: int = 0
+    #: tau in reward units under continuous_start=mean_reward (required there).
+    continuous_start_reward: float | None = None
+    #: The replayed member's reward: 'rescore' (scored again by the reward function/model, as every member) or
+    #: 'stored' (the reward recorded with it at collection).
+    replay_reward: str = "rescore"
+
     # ----------------------------------------------------------------------------------------------- derived
     @property
     def resolved_rbound(self) -> int:
         """Upper collection bound with None resolved to K-1."""
         assert self.k is not None, "exgrpo.k is not set"
         return self.k - 1 if self.bucket_rbound is None else self.bucket_rbound
+
+    @property
+    def resolved_spread_epsilon(self) -> float:
+        """ε of the normalised spread with None resolved to 1/K."""
+        assert self.k is not None, "exgrpo.k is not set"
+        return 1.0 / self.k if self.spread_epsilon is None else float(self.spread_epsilon)
 
     @property
     def resolved_sigma(self) -> float:
@@ -328,6 +383,7 @@ class ExGRPOConfig:
         _check_bool(self.dual_clip, "dual_clip")
         _check_bool(self.weight_terms_by_ratio, "weight_terms_by_ratio")
         _check_choice(self.loss_scale, "loss_scale", LOSS_SCALE_CHOICES)
+        self._validate_reward_mode()
         if self.skip_grad_norm_above is not None:
             _check_float(
                 self.skip_grad_norm_above,
@@ -336,6 +392,54 @@ class ExGRPOConfig:
                 lo_open=True,
                 hint="null = off; the release skips updates whose gradient norm exceeds 500",
             )
+
+    def _validate_reward_mode(self) -> None:
+        """The continuous mode's keys (docs/algorithm.md §13); in binary mode they must keep their defaults."""
+        _check_choice(self.replay_reward, "replay_reward", REPLAY_REWARD_CHOICES)
+        if not _check_choice(self.reward_mode, "reward_mode", REWARD_MODE_CHOICES):
+            return
+        if self.reward_mode == "binary":
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for key in CONTINUOUS_ONLY_KEYS:
+                if getattr(self, key) != defaults[key]:
+                    _fail(
+                        f"exgrpo.{key}={getattr(self, key)!r} applies only with exgrpo.reward_mode=continuous "
+                        f"(this run is binary); set exgrpo.reward_mode=continuous or remove exgrpo.{key}"
+                    )
+            return
+        if self.delayed_start_threshold != ExGRPOConfig.delayed_start_threshold:
+            _fail(
+                f"exgrpo.delayed_start_threshold={self.delayed_start_threshold!r} is the binary pass rate's tau and "
+                "does nothing with exgrpo.reward_mode=continuous: use exgrpo.continuous_start=mean_reward with "
+                "exgrpo.continuous_start_reward (reward units), or exgrpo.continuous_start=steps with "
+                "exgrpo.continuous_start_steps"
+            )
+        if self.spread_epsilon is not None:
+            _check_float(self.spread_epsilon, "spread_epsilon", lo=0.0, hi=1.0, lo_open=True, hint="null means 1/K")
+        from exgrpo.experience.continuous import CONTINUOUS_MEMBER_RULES, EQUAL_SPREAD_CHOICES
+
+        _check_choice(self.equal_spread, "equal_spread", tuple(EQUAL_SPREAD_CHOICES))
+        _check_float(self.flat_std, "flat_std", lo=0.0, hint="reward units; 0 = only exactly equal rewards are flat")
+        if self.retire_mean_reward is not None:
+            _check_float(self.retire_mean_reward, "retire_mean_reward", hint="reward units; null = never retire")
+        if _check_choice(self.continuous_members, "continuous_members", tuple(CONTINUOUS_MEMBER_RULES)):
+            needs = CONTINUOUS_MEMBER_RULES.tag(self.continuous_members, "needs_threshold", False)
+            if self.member_threshold is not None:
+                _check_float(self.member_threshold, "member_threshold", hint="reward units")
+            elif needs:
+                _fail(
+                    f"exgrpo.continuous_members={self.continuous_members} needs exgrpo.member_threshold (the reward "
+                    "a stored member must reach, in reward units)"
+                )
+        if _check_choice(self.continuous_start, "continuous_start", CONTINUOUS_START_CHOICES):
+            _check_int(self.continuous_start_steps, "continuous_start_steps", lo=0, hint="0 = mixed from step 1")
+            if self.continuous_start_reward is not None:
+                _check_float(self.continuous_start_reward, "continuous_start_reward", hint="reward units")
+            elif self.continuous_start == "mean_reward":
+                _fail(
+                    "exgrpo.continuous_start=mean_reward needs exgrpo.continuous_start_reward: mixed mode starts "
+                    "after the first step whose mean reward exceeds it (reward units)"
+                )
 
 
 # ------------------------------------------------------------------------------------------------- helpers

@@ -7,6 +7,11 @@ after the switch (an extension; default off = constant rho).
 
 Order within a training step ``t``: draw with ``replay_ratio(t)`` (0 before mixed mode), train, collect with
 ``mixed`` as it was for step ``t``, then ``update(t, pass_rate)``: a switch takes effect from step ``t + 1``.
+
+In the continuous reward mode (docs/algorithm.md §13) the pass rate has no meaning; the start signal is then
+``steps`` (mixed mode after a number of steps, 0 = from step 1) or ``mean_reward`` (the first step whose batch mean
+reward exceeds a threshold in reward units). ``update`` takes the step's signal value either way (the batch mean
+reward in continuous mode, recorded as ``last_pass_rate``), so the saved state has the same keys in both modes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import numpy as np
 if TYPE_CHECKING:
     from exgrpo.config import ExGRPOConfig
 
-__all__ = ["ExperienceSchedule", "batch_pass_rate", "replay_count"]
+__all__ = ["START_SIGNALS", "ExperienceSchedule", "batch_mean_reward", "batch_pass_rate", "replay_count"]
+
+#: What the delayed start watches: the batch pass rate (binary mode), the batch mean reward or the step count.
+START_SIGNALS = ("pass_rate", "mean_reward", "steps")
 
 
 def batch_pass_rate(rewards: Iterable[float] | np.ndarray | Any) -> float:
@@ -29,6 +37,14 @@ def batch_pass_rate(rewards: Iterable[float] | np.ndarray | Any) -> float:
     if r.size == 0:
         raise ValueError("batch_pass_rate needs at least one reward")
     return float(np.count_nonzero(r >= 1.0) / r.size)
+
+
+def batch_mean_reward(rewards: Iterable[float] | np.ndarray | Any) -> float:
+    """Mean reward of all B*K responses of the step: the continuous mode's start signal (docs/algorithm.md §13)."""
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if r.size == 0:
+        raise ValueError("batch_mean_reward needs at least one reward")
+    return float(r.mean())
 
 
 def replay_count(batch_size: int, replay_ratio: float) -> int:
@@ -41,28 +57,64 @@ def replay_count(batch_size: int, replay_ratio: float) -> int:
 class ExperienceSchedule:
     """Delayed-start flag (strict >, one-way) plus the replay ratio per step; state in :meth:`state_dict`."""
 
-    def __init__(self, replay_ratio: float = 0.5, *, threshold: float = 0.35, ramp_steps: int = 0):
+    def __init__(
+        self,
+        replay_ratio: float = 0.5,
+        *,
+        threshold: float = 0.35,
+        ramp_steps: int = 0,
+        signal: str = "pass_rate",
+        start_steps: int = 0,
+    ):
+        """``signal``: ``pass_rate`` (binary: mixed after the first step whose pass rate is > ``threshold``;
+        negative = from step 1), ``mean_reward`` (after the first step whose mean reward is > ``threshold``, any
+        real number) or ``steps`` (mixed once ``start_steps`` steps are done; 0 = from step 1)."""
         if not 0.0 <= replay_ratio < 1.0:
             raise ValueError(f"replay ratio must be in [0, 1), got {replay_ratio}")
         if ramp_steps < 0:
             raise ValueError(f"ramp steps must be >= 0, got {ramp_steps}")
+        if signal not in START_SIGNALS:
+            raise ValueError(f"start signal must be one of {list(START_SIGNALS)}, got {signal!r}")
+        if start_steps < 0:
+            raise ValueError(f"start steps must be >= 0, got {start_steps}")
         self.target_ratio = float(replay_ratio)
         self.threshold = float(threshold)
         self.ramp_steps = int(ramp_steps)
-        # tau < 0: mixed from the first step; the "switch" is then at step 0, before step 1.
-        self.mixed = self.threshold < 0
+        self.signal = signal
+        self.start_steps = int(start_steps)
+        # tau < 0 (pass rate) or 0 start steps: mixed from the first step; the "switch" is then at step 0.
+        if signal == "pass_rate":
+            self.mixed = self.threshold < 0
+        else:
+            self.mixed = signal == "steps" and self.start_steps == 0
         self.switch_step: int | None = 0 if self.mixed else None
         self.last_step: int | None = None
         self.last_pass_rate: float | None = None
 
     @classmethod
     def from_config(cls, cfg: ExGRPOConfig) -> ExperienceSchedule:
+        if cfg.reward_mode == "continuous":
+            reward = cfg.continuous_start_reward
+            return cls(
+                cfg.replay_ratio,
+                threshold=0.0 if reward is None else float(reward),
+                ramp_steps=cfg.replay_ratio_ramp_steps,
+                signal=cfg.continuous_start,
+                start_steps=cfg.continuous_start_steps,
+            )
         return cls(cfg.replay_ratio, threshold=cfg.delayed_start_threshold, ramp_steps=cfg.replay_ratio_ramp_steps)
 
     def update(self, step: int, pass_rate: float) -> bool:
-        """Record this step's batch pass rate; returns True when mixed mode switched on just now."""
+        """Record this step's start signal (the batch pass rate; the mean reward in continuous mode); returns True
+        when mixed mode switched on just now."""
         self.last_step = int(step)
         self.last_pass_rate = float(pass_rate)
+        if self.signal == "steps":
+            if not self.mixed and step >= self.start_steps:
+                self.mixed = True
+                self.switch_step = int(step)
+                return True
+            return False
         if not self.mixed and pass_rate > self.threshold:
             self.mixed = True
             self.switch_step = int(step)

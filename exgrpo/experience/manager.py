@@ -10,7 +10,8 @@ This is what a trainer adapter talks to each step (docs/algorithm.md §2–6, §
    them in the old-log-prob pass it runs anyway, with the candidates appended to the step's rows (the prompt
    of each candidate row is its question's prompt in the batch, so the pool stores no prompts).
 3. ``collect(step, groups)`` after the rewards and old log-probs are known, then
-   ``observe_pass_rate(rate, step)`` (the delayed-start check; collection uses the flag of *this* step).
+   ``observe_rewards(rewards, step)`` (the delayed-start check on the batch pass rate, or in the continuous reward
+   mode on its own signal, §13; collection uses the flag of *this* step).
 
 Everything is saved/loaded together: ``save(dir, trainer_state)`` / ``load(dir)``.
 """
@@ -38,7 +39,7 @@ from exgrpo.experience.selection import (
     TrajectorySelector,
     selection_metrics,
 )
-from exgrpo.schedule import ExperienceSchedule
+from exgrpo.schedule import ExperienceSchedule, batch_mean_reward, batch_pass_rate
 
 POOL_SUBDIR = "pool"
 
@@ -182,6 +183,22 @@ class ExperienceManager:
         metrics = stats.as_metrics("exgrpo/collect/")
         self._last.update(metrics)
         return metrics
+
+    def observe_rewards(self, rewards: Any, step: int) -> bool:
+        """Delayed-start check (§9) with this step's rewards (every member of every group): the batch pass rate in
+        binary mode, the batch mean reward in continuous mode (§13). True when mixed mode switched on now."""
+        if self.cfg.reward_mode == "continuous":
+            value = batch_mean_reward(rewards)
+            switched = self.schedule.update(step, value)
+            if switched:
+                why = (
+                    f"{self.schedule.start_steps} step(s) done"
+                    if self.schedule.signal == "steps"
+                    else f"batch mean reward {value:.4g} > {self.schedule.threshold:g}"
+                )
+                print(f"[exgrpo] step {step}: {why}: mixed mode on")
+            return switched
+        return self.observe_pass_rate(batch_pass_rate(rewards), step)
 
     def observe_pass_rate(self, pass_rate: float, step: int) -> bool:
         """Delayed-start check (§9) with this step's batch pass rate; True when mixed mode switched on now."""

@@ -274,6 +274,14 @@ def load_experience(
             f"{hpath}: the saved pool has K={meta.get('k')} but this run has K={pool.k} "
             "(buckets are success counts out of K; they cannot be converted)"
         )
+    saved_mode = meta.get("settings", {}).get("reward_mode", "binary")  # binary pools predate the key
+    if saved_mode != pool.reward_mode:
+        raise PoolCheckpointError(
+            f"{hpath}: the saved pool was collected with exgrpo.reward_mode={saved_mode} but this run has "
+            f"exgrpo.reward_mode={pool.reward_mode} (success-count buckets and reward-spread buckets mean different "
+            "things and cannot be converted): resume with the same mode, or move the checkpoint's exgrpo/ folder "
+            "aside and set exgrpo.resume_pool=empty"
+        )
     try:  # every file is verified against its checksum before it is parsed (PoolCheckpointError naming it)
         pool.load(d, meta, files)
     except PoolCheckpointError:

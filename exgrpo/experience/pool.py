@@ -72,7 +72,7 @@ class ExperiencePool:
         """``k``: the group size K. ``storage``: the token storage layout, ``arena`` (chunks of ``chunk_tokens``
         tokens) or ``per_entry``. ``rules``: the settings of :class:`CollectionRules` (``lbound``, ``rbound``,
         ``count_replayed_in_k``, ``zero_success``, ``collect_from``, ``max_entries_per_question``,
-        ``max_total_tokens``)."""
+        ``max_total_tokens``, ``continuous``: the continuous reward mode's rules, docs/algorithm.md §13)."""
         if k < 2:
             raise ValueError(f"K (group size) must be >= 2, got {k}")
         if storage not in STORAGE_LAYOUTS:
@@ -87,6 +87,10 @@ class ExperiencePool:
     @classmethod
     def from_config(cls, cfg: ExGRPOConfig, **kwargs: Any) -> ExperiencePool:
         assert cfg.k is not None, "ExGRPOConfig.k must be set (validate the config first)"
+        if cfg.reward_mode == "continuous":
+            from exgrpo.experience.continuous import ContinuousRules
+
+            kwargs.setdefault("continuous", ContinuousRules.from_config(cfg))
         return cls(
             cfg.k,
             lbound=cfg.bucket_lbound,
@@ -109,6 +113,11 @@ class ExperiencePool:
 
     def settings(self) -> dict[str, Any]:
         return {**self.writer.settings(), "storage": self.storage}
+
+    @property
+    def reward_mode(self) -> str:
+        """``binary`` (buckets are success counts) or ``continuous`` (buckets are normalised reward spreads)."""
+        return self.writer.reward_mode
 
     # ------------------------------------------------------------------------------------------ queries
     def __len__(self) -> int:

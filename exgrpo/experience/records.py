@@ -117,9 +117,22 @@ class CollectStats:
     evicted_entries: int = 0
     evicted_tokens: int = 0
     success_counts: list[int] = field(default_factory=list)  # k of every group seen (counted members)
+    # continuous reward mode (docs/algorithm.md §13); its metrics are logged only in that mode
+    continuous: bool = False
+    flat_groups: int = 0  # groups whose reward spread is <= flat_std (the binary mode's 0/K and K/K)
+    group_stds: list[float] = field(default_factory=list)  # σ of every group seen (counted members)
+    spread_buckets: list[int] = field(default_factory=list)  # bucket of every non-flat group seen
 
     def as_metrics(self, prefix: str = "collect/") -> dict[str, float]:
-        return {f"{prefix}{name}": float(getattr(self, name)) for name in _STAT_NAMES}
+        out = {f"{prefix}{name}": float(getattr(self, name)) for name in _STAT_NAMES}
+        if self.continuous:
+            out[f"{prefix}flat_groups"] = float(self.flat_groups)
+            stds = self.group_stds or [0.0]
+            out[f"{prefix}group_std_mean"] = float(sum(stds) / len(stds))
+            out[f"{prefix}group_std_max"] = float(max(stds))
+            buckets = self.spread_buckets or [0]
+            out[f"{prefix}spread_bucket_mean"] = float(sum(buckets) / len(buckets))
+        return out
 
 
 def as_member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,10 @@ A collect call stores all its new trajectories together at the end (one slot all
 they land in) rather than one by one; every decision is still taken group by group in order, so the result is
 the same as storing each trajectory at once (a question that appears twice in one call has its first group's
 entries stored before its second group is looked at).
+
+In the continuous reward mode (``continuous`` set, docs/algorithm.md §13) the bucket is the group's normalised
+reward spread instead of k, which needs every group of the call: ``exgrpo.experience.continuous.plan_groups`` plans
+them all first, then the same per-group order applies.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo.experience.buckets import BucketIndex
+from exgrpo.experience.continuous import ContinuousRules, SpreadPlan, plan_groups
 from exgrpo.experience.entries import EntryBatch, EntryTable
 from exgrpo.experience.records import CollectStats, Group, GroupMember, QuestionId, as_member_arrays, is_success
 from exgrpo.experience.storage import TokenStorage
@@ -48,7 +53,9 @@ class CollectionRules:
         collect_from: str = "start",
         max_entries_per_question: int | None = None,
         max_total_tokens: int | None = None,
+        continuous: ContinuousRules | None = None,
     ):
+        """``continuous``: the continuous reward mode's rules (docs/algorithm.md §13); None = the binary mode."""
         k = buckets.k
         rbound = k - 1 if rbound is None else rbound
         if not 0 <= lbound < rbound <= k - 1:
@@ -66,6 +73,7 @@ class CollectionRules:
         self.collect_from = collect_from
         self.max_entries_per_question = max_entries_per_question
         self.max_total_tokens = max_total_tokens
+        self.continuous = continuous
         self.clear()
 
     def clear(self) -> None:
@@ -73,8 +81,12 @@ class CollectionRules:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.last_step = -1
 
+    @property
+    def reward_mode(self) -> str:
+        return "binary" if self.continuous is None else "continuous"
+
     def settings(self) -> dict[str, Any]:
-        return {
+        out = {
             "k": self.k,
             "lbound": self.lbound,
             "rbound": self.rbound,
@@ -84,6 +96,10 @@ class CollectionRules:
             "max_entries_per_question": self.max_entries_per_question,
             "max_total_tokens": self.max_total_tokens,
         }
+        if self.continuous is not None:  # a binary pool's settings (and its saved header) are as they always were
+            out["reward_mode"] = "continuous"
+            out["continuous"] = self.continuous.settings()
+        return out
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -206,6 +222,7 @@ class CollectionRules:
         """Apply the collection rules to this step's groups; see :meth:`ExperiencePool.collect`."""
         groups = list(groups)
         stats = CollectStats(step=step, groups=len(groups))
+        plans = self._plan_continuous(groups, stats) if self.continuous is not None else None
         self.counters["collect_calls"] += 1
         self.last_step = step
         retire_only = self.collect_from == "mixed" and not mixed
@@ -213,7 +230,7 @@ class CollectionRules:
         batch = EntryBatch()
         pending: set[QuestionId] = set()  # questions with entries in ``batch``
         try:
-            for g in groups:
+            for i, g in enumerate(groups):
                 if g.question_id in self.retired:
                     self._check_size(g)
                     stats.ignored_retired += 1
@@ -221,7 +238,11 @@ class CollectionRules:
                 if g.question_id in pending:  # the same question twice in one call: its first entries first
                     self.store(batch)
                     pending.clear()
-                if self._collect_group(g, step, retire_only, stats, batch):
+                if plans is None:
+                    added = self._collect_group(g, step, retire_only, stats, batch)
+                else:
+                    added = self._collect_spread_group(g, plans[i], step, retire_only, stats, batch)
+                if added:
                     pending.add(g.question_id)
         finally:  # also when a later group is malformed: what was decided is stored, the pool stays consistent
             self.store(batch)
@@ -264,6 +285,56 @@ class CollectionRules:
             return False
         # a replayed member is already stored (with its original behaviour log-probs): never re-inserted
         fresh = [m for m, o in zip(members, ok) if o and not m.is_replayed]
+        return self._admit(qid, fresh, k_succ, step, stats, batch)
+
+    def _plan_continuous(self, groups: Sequence[Group], stats: CollectStats) -> list[SpreadPlan]:
+        """The continuous mode's per-group plans (σ̃ needs every group of the call); every group is checked first,
+        so a malformed one stops the call before anything changes."""
+        assert self.continuous is not None
+        for g in groups:
+            self._check_size(g)
+        plans = plan_groups(groups, self.continuous, self.k, count_replayed=self.count_replayed_in_k)
+        stats.continuous = True
+        stats.group_stds = [p.sigma for p in plans]
+        return plans
+
+    def _collect_spread_group(
+        self, g: Group, plan: SpreadPlan, step: int, retire_only: bool, stats: CollectStats, batch: EntryBatch
+    ) -> bool:
+        """The continuous mode's rules for one group (docs/algorithm.md §13); True when it put entries into
+        ``batch``. A flat group is what k = K (retire, when its mean reaches retire_mean_reward) and k = 0 (the
+        zero_success rule) are in the binary mode; any other group has the bucket of its normalised spread."""
+        qid = g.question_id
+        if plan.retire:
+            self.retire(qid, step)
+            stats.retired += 1
+            return False
+        if retire_only:
+            return False
+        if plan.flat:
+            stats.flat_groups += 1
+            if self.zero_success == "bucket0" and self.table.slots_of(qid):
+                self.buckets.set(qid, 0)
+                stats.moved_to_bucket0 += 1
+            return False
+        assert plan.bucket is not None
+        stats.spread_buckets.append(plan.bucket)
+        if not self.lbound < plan.bucket <= self.rbound:
+            stats.out_of_range += 1
+            return False
+        return self._admit(qid, [g.members[i] for i in plan.members], plan.bucket, step, stats, batch)
+
+    def _admit(
+        self,
+        qid: QuestionId,
+        fresh: Sequence[GroupMember],
+        bucket: int,
+        step: int,
+        stats: CollectStats,
+        batch: EntryBatch,
+    ) -> bool:
+        """Stage the new ``fresh`` members (dedup), apply the per-question cap and set the question's bucket; True
+        when entries went into ``batch``."""
         new = self._stage(qid, fresh, step, stats)
         stored = len(self.table.slots_of(qid))
         cap = self.max_entries_per_question
@@ -279,7 +350,7 @@ class CollectionRules:
         for e in new:
             batch.append(*e)
         if stored + len(new) > 0:
-            self.buckets.set(qid, k_succ)
+            self.buckets.set(qid, bucket)
             stats.bucket_updates += 1
         else:
             self.buckets.remove(qid)

@@ -13,6 +13,7 @@ from exgrpo.config import ConfigError, ExGRPOConfig
 
 __all__ = [
     "UNSUPPORTED_VERL_SETTINGS",
+    "reward_model_problems",
     "StartupConfigError",
     "check_startup_config",
     "exgrpo_config_from_hydra",
@@ -167,8 +168,10 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
     UnsupportedSetting(
         "reward.reward_model.enable",
         _off,
-        "the recipe trains on the verifiable math-verify reward (docs/algorithm.md §10) and its trainer runs no "
-        "reward model; set reward.reward_model.enable=false",
+        "a reward model gives real-valued rewards, which the binary mode's success counts cannot bucket: set "
+        "exgrpo.reward_mode=continuous (docs/algorithm.md §13), or reward.reward_model.enable=false for the "
+        "verifiable math-verify reward (§10)",
+        applies=lambda config: OmegaConf.select(config, "exgrpo.reward_mode", default="binary") != "continuous",
     ),
     UnsupportedSetting(
         "distillation.enabled",
@@ -223,10 +226,31 @@ def verl_setting_problems(config) -> list[str]:
     return problems
 
 
+def reward_model_problems(config) -> list[str]:
+    """verl 0.9.1 settings of a reward model that cannot score (docs/algorithm.md §13).
+
+    A discriminative reward model in its own resource pool, scored by verl's reward loop itself (no
+    ``reward.custom_reward_function``), fails every step: the agent loop reads the scoring result's
+    ``reward_extra_info``, which verl's reward-model path does not return. Colocated, verl reads it defensively, and a
+    reward function (which verl hands the model's ``reward_router_address``) returns it, so both work.
+    """
+    enable = OmegaConf.select(config, "reward.reward_model.enable", default=False)
+    own_pool = OmegaConf.select(config, "reward.reward_model.enable_resource_pool", default=False)
+    function = OmegaConf.select(config, "reward.custom_reward_function.path", default=None)
+    if enable and own_pool and not function:
+        return [
+            "reward.reward_model.enable_resource_pool=true with no reward.custom_reward_function: verl 0.9.1's agent "
+            "loop fails on every response a discriminative reward model in its own pool scores (the result lacks "
+            "reward_extra_info); colocate it (reward.reward_model.enable_resource_pool=false), or score with a "
+            "reward function that calls the model through the reward_router_address verl passes it"
+        ]
+    return []
+
+
 def check_startup_config(config) -> ExGRPOConfig:
     """The validated ``exgrpo`` block of a launch config; raises one :class:`StartupConfigError` listing every
     unsupported verl setting and every problem of the block."""
-    problems = verl_setting_problems(config)
+    problems = verl_setting_problems(config) + reward_model_problems(config)
     try:
         exgrpo = exgrpo_config_from_hydra(config)
     except ConfigError as e:

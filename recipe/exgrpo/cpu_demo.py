@@ -62,8 +62,11 @@ class ExGRPOCpuRun:
     resume_mode: str = "disable"
     resume_from_path: str | None = None
     exgrpo_enable: bool = True
-    # a reward file with verl's compute_score signature (None: the recipe's math-verify reward)
+    # a reward file with verl's compute_score signature (None: the recipe's math-verify reward, or in the
+    # continuous reward mode the toy task's partial credit, recipe/exgrpo/partial_credit.py)
     reward_fn_path: str | None = None
+    # exgrpo.reward_mode: binary (0/1 rewards) or continuous (real-valued rewards, docs/algorithm.md §13)
+    reward_mode: str = "binary"
     wall_limit_s: float = 1500.0
     seed: int = 0
     ray_temp_dir: str | None = None
@@ -130,7 +133,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         f"actor_rollout_ref.rollout.val_kwargs.n={run.val_n}",
         "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
         f"exgrpo.enable={run.exgrpo_enable}",
-        f"exgrpo.delayed_start_threshold={run.delayed_start_threshold}",
+        *reward_mode_overrides(run),
         f"exgrpo.replay_ratio={run.replay_ratio}",
         f"exgrpo.seed={run.seed}",
     ]
@@ -139,6 +142,21 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
     if run.reward_fn_path:
         overrides.append(f"reward.custom_reward_function.path={run.reward_fn_path}")
     return overrides + list(run.extra_overrides)
+
+
+#: The continuous mode's reward on the toy task: partial credit for the format and for each right digit.
+PARTIAL_CREDIT_REWARD = "pkg://recipe.exgrpo.partial_credit"
+
+
+def reward_mode_overrides(run: ExGRPOCpuRun) -> list[str]:
+    """The reward mode's overrides: the binary pass rate's τ, or the continuous mode (its delayed start is a step
+    count, the recipe's default, so τ is not passed) with the partial-credit reward unless another is given."""
+    if run.reward_mode == "binary":
+        return [f"exgrpo.delayed_start_threshold={run.delayed_start_threshold}"]
+    out = [f"exgrpo.reward_mode={run.reward_mode}"]
+    if not run.reward_fn_path:
+        out.append(f"reward.custom_reward_function.path={PARTIAL_CREDIT_REWARD}")
+    return out
 
 
 def launch(
@@ -242,9 +260,13 @@ def step_line(row: dict, total_steps: int) -> str | None:
     if "exgrpo/batch_pass_rate" in row:
         questions = row.get("exgrpo/fresh_questions", 0) + row.get("exgrpo/replayed_questions", 0)
         pass_rate = row.get("exgrpo/sampled_pass_rate", row["exgrpo/batch_pass_rate"])
+        # the continuous mode shows the mean reward of the sampled responses instead
+        shown = (
+            f"reward {row['exgrpo/reward/mean']:.3f}" if "exgrpo/reward/mean" in row else f"pass rate {pass_rate:.3f}"
+        )
         entries, pool_q = int(row.get("exgrpo/pool/entries", 0)), int(row.get("exgrpo/pool/questions", 0))
         parts.append(
-            f"step {step:>3}/{total_steps}  pass rate {pass_rate:.3f}  pool {entries:>4} traj / {pool_q:>3} q"
+            f"step {step:>3}/{total_steps}  {shown}  pool {entries:>4} traj / {pool_q:>3} q"
             f"  retired {int(row.get('exgrpo/pool/retired', 0)):>3}"
             f"  replayed {int(row.get('exgrpo/replayed_questions', 0)):>2}/{int(questions)}"
             f"  {row.get('timing_s/step', float('nan')):.1f} s"
@@ -266,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data order, sampling and replay")
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "cpu_demo"))
     parser.add_argument("--onpolicy", action="store_true", help="plain on-policy GRPO (exgrpo.enable=false)")
+    parser.add_argument(
+        "--reward",
+        choices=("binary", "continuous"),
+        default="binary",
+        help="binary: the math-verify 0/1 reward; continuous: partial credit with exgrpo.reward_mode=continuous",
+    )
     parser.add_argument("--test-freq", type=int, default=10, help="validate every N steps and before training (0: off)")
     parser.add_argument("--wall-limit", type=float, default=1500.0, help="hard wall-clock limit in seconds")
     parser.add_argument("--verbose", action="store_true", help="print verl's full log instead of one line per step")
@@ -290,9 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         wall_limit_s=args.wall_limit,
         test_freq=args.test_freq,
         val_before_train=args.test_freq > 0,
+        reward_mode=args.reward,
         extra_overrides=list(args.overrides),
     )
-    arm = "ExGRPO" if run.exgrpo_enable else "on-policy GRPO"
+    arm = ("ExGRPO" if run.exgrpo_enable else "on-policy GRPO") + (
+        ", partial credit" if args.reward != "binary" else ""
+    )
     print(
         f"[demo] {arm}: {run.steps} steps of {run.train_batch_size} questions x K = {run.rollout_n}, lr {run.lr:g}, "
         f"validation every {args.test_freq} steps (sampled at T = {run.val_temperature:g})"

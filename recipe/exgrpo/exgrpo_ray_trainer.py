@@ -48,6 +48,11 @@ from exgrpo.objective import LossSettings
 from exgrpo.schedule import batch_pass_rate
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
+from recipe.exgrpo.continuous import (
+    continuous_reward_metrics,
+    score_with_colocated_reward_model,
+    set_stored_replay_rewards,
+)
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
 from recipe.exgrpo.mixed_batch import (
@@ -172,7 +177,8 @@ def reward_health(reward_extra_infos: dict) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, name in (("reward_error", "error_rate"), ("reward_timeout", "timeout_rate")):
         if key in reward_extra_infos and len(reward_extra_infos[key]):
-            out[f"exgrpo/reward/{name}"] = float(np.mean(np.asarray(reward_extra_infos[key], dtype=float)))
+            # NaN on replayed rows whose stored reward was reused (exgrpo.replay_reward=stored): not graded
+            out[f"exgrpo/reward/{name}"] = float(np.nanmean(np.asarray(reward_extra_infos[key], dtype=float)))
     if "reward_queue_s" in reward_extra_infos and len(reward_extra_infos["reward_queue_s"]):
         queue = np.asarray(reward_extra_infos["reward_queue_s"], dtype=float)
         out["exgrpo/reward/queue_s_mean"] = float(queue.mean())
@@ -396,6 +402,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
             gen_output = generate_with_counts(self, gen_batch, counts)
         timing_raw.update(gen_output.meta_info.pop("timing", {}))
         batch = expand_by_counts(batch, counts).union(gen_output)
+        batch = score_with_colocated_reward_model(self, batch, timing_raw)  # a reward model on the actor's GPUs
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
         return batch
@@ -449,7 +456,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 selected = self.experience.select(plan, stats)
                 batch = keep_selected(batch, selected_candidate_indices(plan.candidates, selected))
             with marked_timer("exgrpo_replay_reward", timing_raw):
-                self._score_replayed_members(batch)
+                self._score_replayed_members(batch, selected)
             metrics.update(replay_group_metrics(batch))
             metrics["exgrpo/old_log_prob_candidate_rows"] = float(plan.num_candidates)
             self._step_trace["selected_entry_ids"] = [s.entry_id for s in selected]
@@ -469,8 +476,12 @@ class RayExGRPOTrainer(RayPPOTrainer):
             out["exgrpo/rollout_actor_log_prob_diff_mean_vs_first"] = 1.0
         return out
 
-    def _score_replayed_members(self, batch: DataProto) -> None:
-        """Reward of the replayed members, like any other member's (their rows carry zeroed ``rm_scores``)."""
+    def _score_replayed_members(self, batch: DataProto, selected=None) -> None:
+        """Reward of the replayed members, like any other member's (their rows carry zeroed ``rm_scores``); with
+        ``exgrpo.replay_reward=stored`` the reward stored with each ``selected`` trajectory instead."""
+        if self.experience.cfg.replay_reward == "stored":
+            set_stored_replay_rewards(batch, [s.candidate.reward for s in selected])
+            return
         rows = torch.nonzero(batch.batch[IS_REPLAY_KEY]).flatten()
         scored = self.reward_loop_manager.compute_rm_score(batch.select_idxs(rows))
         batch.batch["rm_scores"][rows] = scored.batch["rm_scores"].to(batch.batch["rm_scores"].dtype)
@@ -505,6 +516,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
             if reward_extra_infos:
                 batch.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra_infos.items()})
             scores = reward_tensor.sum(-1).numpy()
+            if self.experience.cfg.reward_mode == "continuous":
+                metrics.update(continuous_reward_metrics(scores, batch, reward_extra_infos))
             adv = group_relative_advantages(
                 scores,
                 batch.non_tensor_batch["uid"],
@@ -529,7 +542,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 metrics.update(self.experience.collect(self.global_steps, collection_groups(batch)))
             pass_rate = batch_pass_rate(scores)
             metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
-            self.experience.observe_pass_rate(pass_rate, self.global_steps)
+            self.experience.observe_rewards(scores, self.global_steps)  # the pass rate, or §13's signal
             self.experience.readd_retired(self.global_steps)
         return pass_rate
 

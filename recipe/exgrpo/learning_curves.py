@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 VAL_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+# verl files a variable under val-aux when the reward also returns "acc" (which then is the val-core one)
+VAL_ANY_KEY = re.compile(r"^val-(?:core|aux)/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 # the recipe's reward logs whether each response closed its think block (the toy task's format)
 THINK_KEY = re.compile(r"^val-aux/(?P<source>[^/]+)/think_closed/mean@(?P<n>\d+)$")
 DEFAULT_SOURCE_PREFIX = "toy_arithmetic_"
@@ -58,14 +60,18 @@ def parse_metrics_line(line: str) -> dict[str, Any] | None:
     return data
 
 
-def validation_by_source(row: Mapping[str, Any]) -> dict[str, float]:
-    """``data_source -> mean@N`` validation score of one metrics row (``acc`` when logged, else ``reward``)."""
+def validation_by_source(row: Mapping[str, Any], var: str | None = None) -> dict[str, float]:
+    """``data_source -> mean@N`` validation score of one metrics row (``acc`` when logged, else ``reward``; only
+    ``var`` when given, e.g. ``reward`` for a continuous reward's mean)."""
     found: dict[str, tuple[int, float]] = {}
     for key, value in row.items():
-        m = VAL_KEY.match(key)
+        m = (VAL_KEY if var is None else VAL_ANY_KEY).match(key)
         if not m or not isinstance(value, (int, float)):
             continue
-        rank = 0 if m["var"] == "acc" else 1 if m["var"] == "reward" else 2
+        if var is not None:
+            rank = 0 if m["var"] == var else 2
+        else:
+            rank = 0 if m["var"] == "acc" else 1 if m["var"] == "reward" else 2
         if rank == 2:
             continue
         source = m["source"]
@@ -105,6 +111,8 @@ class RunCurve:
     val_by_level: dict[str, list[float]] = field(default_factory=dict)
     # share of validation responses that close the think block (mean over levels; empty when not logged)
     val_think_closed: list[float] = field(default_factory=list)
+    # mean reward of the sampled responses per step (the continuous reward mode's exgrpo/reward/mean; else empty)
+    sampled_reward: list[float] = field(default_factory=list)
     wall_seconds: float | None = None
 
     @property
@@ -118,12 +126,14 @@ def run_curve(
     level_weights: Mapping[str, float] | None = None,
     wall_seconds: float | None = None,
     group_size: int | None = None,
+    val_var: str | None = None,
 ) -> RunCurve:
     """Parse one run's metrics rows into a :class:`RunCurve`.
 
     The overall validation accuracy is the mean over levels weighted by ``level_weights`` (validation questions
     per level; equal weights when None: the toy task's levels have equal sizes). ``group_size`` (K) counts the
-    generated responses: K per fresh question, K-1 per replayed one (NaN when not given).
+    generated responses: K per fresh question, K-1 per replayed one (NaN when not given). ``val_var``: the validation
+    variable to read (see :func:`validation_by_source`).
     """
     curve = RunCurve(label=label, wall_seconds=wall_seconds)
     total_generated = 0.0
@@ -142,7 +152,9 @@ def run_curve(
             curve.replayed_share.append(replayed / questions if questions else 0.0)
             curve.generated_rollouts.append(total_generated)
             curve.step_seconds.append(float(row.get("timing_s/step", math.nan)))
-        by_source = validation_by_source(row)
+            if "exgrpo/reward/mean" in row:
+                curve.sampled_reward.append(float(row["exgrpo/reward/mean"]))
+        by_source = validation_by_source(row, val_var)
         if by_source:
             named = {level_name(s): v for s, v in by_source.items()}
             by_level = {lv: named[lv] for lv in ordered_levels(named)}
@@ -385,10 +397,15 @@ def _band(curves: Sequence[RunCurve], attr_steps: str, attr_values: str) -> tupl
     return common, means, stds
 
 
-def plot_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path, title: str = "") -> Path:
-    """Mean ± std (over seeds) of the validation accuracy and of the sampled pass rate per arm."""
+def plot_arms(
+    curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path, title: str = "", val_label: str = "accuracy"
+) -> Path:
+    """Mean ± std (over seeds) of the validation score (``val_label``: what it is) and of the sampled pass rate per
+    arm; of the sampled mean reward instead when every run logged one (the continuous reward mode)."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    continuous = all(c.sampled_reward for curves in curves_by_arm.values() for c in curves)
+    train_attr = "sampled_reward" if continuous else "sampled_pass_rate"
     for i, (arm, curves) in enumerate(curves_by_arm.items()):
         color = f"C{i}"
         steps, mean, std = _band(curves, "val_steps", "val_acc")
@@ -396,13 +413,15 @@ def plot_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path,
         left.fill_between(
             steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
         )
-        steps, mean, std = _band(curves, "steps", "sampled_pass_rate")
+        steps, mean, std = _band(curves, "steps", train_attr)
         right.plot(steps, mean, "-", color=color, label=arm)
         right.fill_between(
             steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
         )
-    left.set_title("validation accuracy (mean ± std over seeds)")
-    right.set_title("batch pass rate of the sampled responses")
+    left.set_title(f"validation {val_label} (mean ± std over seeds)")
+    right.set_title(
+        "mean reward of the sampled responses" if continuous else "batch pass rate of the sampled responses"
+    )
     for ax in (left, right):
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)

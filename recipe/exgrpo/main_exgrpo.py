@@ -36,7 +36,9 @@ def prepare_config(config) -> None:
     from recipe.exgrpo.ray_job import ship_code
 
     with open_dict(config):
-        if not config.reward.custom_reward_function.get("path"):
+        # with a reward model and no reward function, verl's reward loop scores with the model: leave it so
+        uses_reward_model = bool(config.reward.reward_model.get("enable", False))
+        if not config.reward.custom_reward_function.get("path") and not uses_reward_model:
             config.reward.custom_reward_function.path = RECIPE_REWARD
             config.reward.custom_reward_function.name = "compute_score"
         if not config.data.custom_cls.get("path"):

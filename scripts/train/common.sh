@@ -167,11 +167,15 @@ print(int(ray.cluster_resources().get("GPU", 0)))' 2>/dev/null | tail -n 1)" ||
 
 # --- the launch ------------------------------------------------------------------------------------------------
 
-# exgrpo_prepare --experiment NAME --steps N --rollout-tp TP --model-hint TEXT [--think-gate true|false]
-#                [--delayed-start TAU] [--prompt-style chat|llama_base] [--think-template expected]
+# exgrpo_prepare --experiment NAME --steps N|epochs:E --rollout-tp TP --model-hint TEXT [--think-gate true|false|none]
+#                [--delayed-start TAU|none] [--prompt-style chat|llama_base] [--think-template expected]
+#                [--data openr1|wildchat_if]
 # Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (docs/algorithm.md §11).
+# --steps epochs:E trains E passes over the data (trainer.total_epochs; verl counts the steps); --think-gate none and
+# --delayed-start none leave those keys out (a reward model run: no math-verify reward, the continuous mode's own
+# delayed start); --data picks the default TRAIN_FILE / VAL_FILE and how to make them (openr1: the math runs).
 exgrpo_prepare() {
-  local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35 style=chat
+  local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35 style=chat data=openr1
   EXGRPO_EXPECT_THINK_TEMPLATE=0
   while (($#)); do
     case "$1" in
@@ -183,11 +187,13 @@ exgrpo_prepare() {
       --delayed-start) tau="$2" ;;
       --prompt-style) style="$2" ;;
       --think-template) [[ "$2" == expected ]] && EXGRPO_EXPECT_THINK_TEMPLATE=1 ;;
+      --data) data="$2" ;;
       *) exgrpo_die "exgrpo_prepare: unknown option $1" ;;
     esac
     shift 2
   done
   [[ "$style" == chat || "$style" == llama_base ]] || exgrpo_die "exgrpo_prepare: --prompt-style chat|llama_base"
+  [[ "$data" == openr1 || "$data" == wildchat_if ]] || exgrpo_die "exgrpo_prepare: --data openr1|wildchat_if"
   [[ -n "$experiment" && -n "$steps" && -n "$tp" ]] ||
     exgrpo_die "exgrpo_prepare needs --experiment, --steps and --rollout-tp"
 
@@ -219,11 +225,16 @@ exgrpo_prepare() {
   if [[ "$style" == llama_base ]]; then
     train_default=data/openr1/train_llama_base.parquet val_default=data/valid_llama_base/valid_id.parquet
   fi
+  local make="PROMPT_STYLE=$style bash scripts/prepare_data.sh (docs/launch_scripts.md)" what="the OpenR1-Math 46k"
+  if [[ "$data" == wildchat_if ]]; then
+    train_default=data/wildchat_if/train.parquet val_default=data/wildchat_if/val.parquet what="the WildChat-IF prompts"
+    make="python -m data_preprocess.wildchat_if --input FILE_OR_HUB_ID --output $train_default --val-output"
+    make+=" $val_default (docs/launch_scripts.md)"
+  fi
   if [[ -z "${TRAIN_FILE:-}" && -f "$EXGRPO_REPO_ROOT/$train_default" ]]; then
     TRAIN_FILE="$EXGRPO_REPO_ROOT/$train_default"
   fi
-  local make="PROMPT_STYLE=$style bash scripts/prepare_data.sh (docs/launch_scripts.md)"
-  exgrpo_require_var TRAIN_FILE "point it at the OpenR1-Math 46k parquet (default $train_default), made with: $make"
+  exgrpo_require_var TRAIN_FILE "point it at $what parquet (default $train_default), made with: $make"
   if [[ -z "${VAL_FILE:-}" && -f "$EXGRPO_REPO_ROOT/$val_default" ]]; then
     VAL_FILE="$EXGRPO_REPO_ROOT/$val_default"
   fi
@@ -287,17 +298,22 @@ exgrpo_prepare() {
     actor_rollout_ref.rollout.val_kwargs.temperature=0.6
     actor_rollout_ref.rollout.val_kwargs.top_p=1.0
     actor_rollout_ref.rollout.val_kwargs.do_sample=true
-    # reward: math-verify on the text after </think>, 0 without it (the think gate): on for every backbone
-    # trained with the LUFFY system prompt, which asks for "<think> ... </think>" and then the boxed answer
-    # (instruct models included); off only for Llama-3.1-8B base, whose plain prompt has no think block (§10)
-    "++reward.custom_reward_function.reward_kwargs.think_gate=$think_gate"
-    # ExGRPO: rho = 0.5, tau = 0.35 (delayed start), beta = 0.1 (policy shaping); the rest are the yaml's defaults
-    exgrpo.replay_ratio=0.5
-    "exgrpo.delayed_start_threshold=$tau"
+  )
+  # reward: math-verify on the text after </think>, 0 without it (the think gate): on for every backbone
+  # trained with the LUFFY system prompt, which asks for "<think> ... </think>" and then the boxed answer
+  # (instruct models included); off only for Llama-3.1-8B base, whose plain prompt has no think block (§10)
+  [[ "$think_gate" == none ]] || EXGRPO_ARGS+=("++reward.custom_reward_function.reward_kwargs.think_gate=$think_gate")
+  # ExGRPO: rho = 0.5, tau = 0.35 (delayed start), beta = 0.1 (policy shaping); the rest are the yaml's defaults
+  EXGRPO_ARGS+=(exgrpo.replay_ratio=0.5)
+  [[ "$tau" == none ]] || EXGRPO_ARGS+=("exgrpo.delayed_start_threshold=$tau")
+  local steps_args=("trainer.total_training_steps=$steps")
+  [[ "$steps" != epochs:* ]] || steps_args=(trainer.total_training_steps=null "trainer.total_epochs=${steps#epochs:}")
+  # shellcheck disable=SC2016  # ${...} below are hydra interpolations, not shell expansions
+  EXGRPO_ARGS+=(
     exgrpo.shaping=policy_shaping
     exgrpo.shaping_beta=0.1
     # trainer: steps, validation every 10, checkpoint every 50 (the last CKPT_KEEP kept), GPUs and nodes
-    "trainer.total_training_steps=$steps"
+    "${steps_args[@]}"
     trainer.test_freq=10
     trainer.save_freq=50
     "trainer.max_actor_ckpt_to_keep=$keep"

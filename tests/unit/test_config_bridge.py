@@ -14,6 +14,7 @@ from recipe.exgrpo.config_bridge import (
     StartupConfigError,
     check_startup_config,
     exgrpo_config_from_hydra,
+    reward_model_problems,
     verl_setting_problems,
 )
 
@@ -132,3 +133,26 @@ def test_exgrpo_k_must_agree_with_rollout_n():
     with pytest.raises(ConfigError, match=r"exgrpo.k=4 disagrees with actor_rollout_ref.rollout.n=8"):
         exgrpo_config_from_hydra(_config(**{"exgrpo.k": 4}))
     assert exgrpo_config_from_hydra(_config(**{"exgrpo.k": 8})).k == 8  # saying the same thing is fine
+
+
+def test_a_reward_model_is_accepted_in_the_continuous_mode_only():
+    rm = {"reward.reward_model.enable": True}
+    (problem,) = verl_setting_problems(_config(**rm))
+    assert "exgrpo.reward_mode=continuous" in problem  # the message names the mode that takes it
+    cfg = _config(**rm, **{"exgrpo.reward_mode": "continuous"})
+    assert verl_setting_problems(cfg) == [] and check_startup_config(cfg).reward_mode == "continuous"
+
+
+def test_a_reward_model_in_its_own_pool_needs_a_reward_function_in_verl_0_9_1():
+    own_pool = {
+        "reward.reward_model.enable": True,
+        "reward.reward_model.enable_resource_pool": True,
+        "exgrpo.reward_mode": "continuous",
+    }
+    (problem,) = reward_model_problems(_config(**own_pool))
+    assert problem.startswith("reward.reward_model.enable_resource_pool=true with no reward.custom_reward_function")
+    with pytest.raises(StartupConfigError, match="lacks reward_extra_info"):
+        check_startup_config(_config(**own_pool))
+    assert reward_model_problems(_config(**own_pool, **{"reward.custom_reward_function": {"path": "f.py"}})) == []
+    colocated = {**own_pool, "reward.reward_model.enable_resource_pool": False}
+    assert reward_model_problems(_config(**colocated)) == []

@@ -204,3 +204,19 @@ def test_the_demo_follows_the_metrics_file_line_by_line(tmp_path):
         {"exgrpo/batch_pass_rate": 0.5, "step": 2},
         {"step": 3},
     ]
+
+
+def test_a_named_validation_variable_is_read_from_core_or_aux():
+    from recipe.exgrpo.learning_curves import run_curve, validation_by_source
+
+    row = {
+        "step": 10,
+        "val-core/toy_arithmetic_easy/acc/mean@1": 0.5,
+        "val-aux/toy_arithmetic_easy/reward/mean@1": 0.8,
+        "val-aux/toy_arithmetic_hard/reward/mean@1": 0.6,
+    }
+    assert validation_by_source(row) == {"toy_arithmetic_easy": 0.5}  # acc, from val-core, as before
+    assert validation_by_source(row, "reward") == {"toy_arithmetic_easy": 0.8, "toy_arithmetic_hard": 0.6}
+    train = {"step": 1, "exgrpo/batch_pass_rate": 0.1, "exgrpo/reward/mean": 0.7}
+    curve = run_curve([train, row], val_var="reward")
+    assert curve.val_acc == [0.7] and curve.sampled_reward == [0.7] and curve.levels == ["easy", "hard"]
