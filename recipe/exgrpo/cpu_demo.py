@@ -91,6 +91,10 @@ DEMO_SETTINGS: dict = dict(
 )
 
 
+# On the vLLM rollout the demo replays from step 2 (its model starts below the demo's τ, docs/cpu_backend.md).
+VLLM_DEMO_DELAYED_START = -1.0
+
+
 def demo_run(output_dir: str | Path, **overrides) -> ExGRPOCpuRun:
     """An :class:`ExGRPOCpuRun` with the demo's settings; keyword arguments replace any of them."""
     return ExGRPOCpuRun(output_dir=Path(output_dir), **{**DEMO_SETTINGS, **overrides})
@@ -312,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         rollout=args.rollout,
         extra_overrides=list(args.overrides),
     )
+    if args.rollout == "vllm" and not any(o.startswith("exgrpo.delayed_start_threshold=") for o in args.overrides):
+        # the vLLM model (head size 32) leaves its warm-up below the demo's τ: replay from step 2 shows the whole
+        # ExGRPO step on vLLM in a short run
+        run.delayed_start_threshold = VLLM_DEMO_DELAYED_START
+        print(
+            f"[demo] vllm: no delayed start (exgrpo.delayed_start_threshold={VLLM_DEMO_DELAYED_START:g}, replay from "
+            f"step 2); exgrpo.delayed_start_threshold={DEMO_SETTINGS['delayed_start_threshold']} restores the demo's"
+        )
     arm = ("ExGRPO" if run.exgrpo_enable else "on-policy GRPO") + (" on vLLM" if run.rollout == "vllm" else "")
     print(
         f"[demo] {arm}: {run.steps} steps of {run.train_batch_size} questions x K = {run.rollout_n}, lr {run.lr:g}, "
