@@ -3,8 +3,8 @@
 Named in ``VERL_USE_EXTERNAL_MODULES`` after the CPU plugin, this module is imported in every process of the run
 (driver, trainer workers, the vLLM server and its engine worker); ``EXGRPO_TEST_FAULT`` picks the fault:
 
-- ``skip_weight_sync``: every weight sync after the first (the one before step 1) is skipped, so the engine keeps
-  sampling the initial policy while the actor trains (the rollout/actor agreement check must fail);
+- ``skip_weight_sync``: the weight transfer of every sync after the first (the one before step 1) is skipped, so the
+  engine keeps sampling the initial policy while the actor trains (the rollout/actor agreement check must fail);
 - ``no_weight_sync_fix``: the vLLM engine worker runs without the CPU backend's weight-sync fix, so the first
   weight sync fails inside the engine (the run must stop with ``WeightSyncError`` instead of hanging).
 
@@ -20,17 +20,13 @@ FAULT_ENV = "EXGRPO_TEST_FAULT"
 FAULT = os.environ.get(FAULT_ENV, "")
 
 if FAULT == "skip_weight_sync":
-    from verl.checkpoint_engine.base import CheckpointEngineManager
+    # Only the transfer into the engine is skipped: verl's update step around it (the rollout's wake-up after the
+    # update, the KV-cache reset) still runs, as it would with a sender that silently sends nothing. Skipping the
+    # whole CheckpointEngineManager.update_weights instead also skips the wake-up, and the next generation waits
+    # for ever on a paused engine.
+    from verl.workers.rollout import base as _rollout_base
 
-    _update_weights = CheckpointEngineManager.update_weights
-
-    def _skip_after_start(self, global_steps=None):
-        if global_steps:  # the sync before step 1 (global_steps 0) still runs: the engine starts on dummy weights
-            print(f"[vllm_faults] weight sync after step {global_steps} skipped", file=sys.stderr, flush=True)
-            return {}
-        return _update_weights(self, global_steps)
-
-    CheckpointEngineManager.update_weights = _skip_after_start
+    _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = "tests.e2e.vllm_faults_adapter.SkippingServerAdapter"
 
 elif FAULT == "no_weight_sync_fix" and "vllm" in sys.modules:
     # In the engine worker vLLM is imported before verl (and so before this module): mark vLLM's own dispatch as
