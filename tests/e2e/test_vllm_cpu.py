@@ -246,7 +246,11 @@ def test_evaluation_on_vllm_survives_a_sigkill_and_resumes(tmp_path, vllm_python
     assert EVAL_SAMPLES <= len(before) < total, f"{len(before)} of {total} samples before the kill"
 
     second = subprocess.run(
-        _eval_command(vllm_python, vllm_assets, out), cwd=repo_root, capture_output=True, text=True, timeout=WALL_LIMIT_S
+        _eval_command(vllm_python, vllm_assets, out),
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=WALL_LIMIT_S,
     )
     assert second.returncode == 0, second.stderr[-4000:]
     after = read_generations(generations)
