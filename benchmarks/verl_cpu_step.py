@@ -1,12 +1,17 @@
-"""Benchmark: verl's own main_ppo (legacy RayPPOTrainer, GRPO) on CPU with the hf rollout and the tiny model.
+"""Benchmark: verl's own main_ppo (legacy RayPPOTrainer, GRPO) on CPU with the tiny model, on the ``hf`` stand-in
+and on verl's ``vllm`` rollout (the vLLM CPU stack), side by side in one run.
 
-Prints seconds per training step (first step separately: it pays the agent-loop and reward-worker warm-up),
-start-up seconds (launch to the top of ``fit()``, i.e. the first weight sync: Ray, workers, FSDP, rollout server),
-total wall time, the peak resident memory of the whole process tree (driver, Ray, workers, rollout server), and
-the mean time of each phase of a step. The machine's load average is printed too: other processes on a small
-machine inflate every figure.
+Prints, per rollout, seconds per training step (first step separately: it pays the agent-loop and reward-worker
+warm-up), start-up seconds (launch to the start of step 1: Ray, workers, FSDP, the rollout server and its first
+weight sync), total wall time, the peak resident memory of the whole process tree (driver, Ray, workers, rollout
+server and engine), and the mean time of each phase of a step. The machine's load average is printed too: other
+processes on a small machine inflate every figure. The two rollouts serve different tiny models (vLLM's CPU
+attention needs head size 32, recipe/exgrpo/cpu/assets.py) with the same parameter count and shapes.
 
-    python benchmarks/verl_cpu_step.py [--steps 5] [--batch 4] [--n 4] [--timeout 600]
+    python benchmarks/verl_cpu_step.py [--rollouts hf,vllm] [--steps 5] [--batch 4] [--n 4] [--timeout 900]
+
+``vllm`` runs with the interpreter of ``bash scripts/setup_env.sh --vllm`` (``--vllm-python``, default
+``.venv-vllm/bin/python``).
 """
 
 from __future__ import annotations
@@ -17,38 +22,41 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu.assets import ensure_assets  # noqa: E402
-from recipe.exgrpo.cpu.hf_rollout import DUMP_FILE  # noqa: E402
+from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets  # noqa: E402
 from recipe.exgrpo.cpu.procs import run_in_new_session  # noqa: E402
 from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides  # noqa: E402
+
+PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=4, help="prompts per step")
-    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--keep", help="keep the run directory here instead of a temp dir")
-    args = parser.parse_args()
+def _first_line_time(path: Path, stop: threading.Event, seen: dict) -> None:
+    """Record when the metrics file gets its first line (the end of step 1)."""
+    while not stop.is_set():
+        if path.exists() and path.stat().st_size > 0:
+            seen["t"] = time.time()
+            return
+        time.sleep(0.05)
 
-    assets = ensure_assets()
+
+def bench(rollout: str, python: str, args: argparse.Namespace) -> dict:
+    assets = ensure_assets(asset_spec(rollout))
     reward = REPO_ROOT / "tests" / "e2e" / "toy_reward.py"
     with (
         tempfile.TemporaryDirectory(prefix="exg-bench-") as tmp,
         tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as ray_tmp,
     ):
-        out = Path(args.keep) if args.keep else Path(tmp)
+        out = Path(args.keep) / rollout if args.keep else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         spec = CpuRunSpec(
             model_path=str(assets.model_path),
@@ -61,54 +69,79 @@ def main() -> None:
             rollout_n=args.n,
             lr=1e-3,
             ray_temp_dir=ray_tmp,
+            rollout=rollout,
         )
-        dump = out / "rollout_dump"
-        env = {**os.environ, **cpu_env(output_dir=out, wall_limit_s=args.timeout, rollout_dump_dir=dump)}
+        env = {**os.environ, **cpu_env(output_dir=out, wall_limit_s=args.timeout)}
+        metrics = out / "metrics.jsonl"
+        stop, seen = threading.Event(), {}
+        watcher = threading.Thread(target=_first_line_time, args=(metrics, stop, seen), daemon=True)
         launched = time.time()
-        result = run_in_new_session(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *cpu_overrides(spec)],
-            env=env,
-            timeout_s=args.timeout + 30,
-            log_path=out / "run.log",
-            cwd=REPO_ROOT,
-        )
+        watcher.start()
+        try:
+            result = run_in_new_session(
+                [python, "-m", "verl.trainer.main_ppo", *cpu_overrides(spec)],
+                env=env,
+                timeout_s=args.timeout + 30,
+                log_path=out / "run.log",
+                cwd=REPO_ROOT,
+            )
+        finally:
+            stop.set()
+            watcher.join(1)
         if result.returncode != 0:
             print(result.log_tail())
-            raise SystemExit(f"run failed: rc={result.returncode} timed_out={result.timed_out}")
-        records = [r for r in read_jsonl(out / "metrics.jsonl") if "timing_s/step" in r["data"]]
-        step_s = [r["data"]["timing_s/step"] for r in sorted(records, key=lambda r: r["step"])]
-        # the first weight sync happens at the top of fit(), right before step 1: everything before it is start-up
-        syncs = [e for e in read_jsonl(dump / DUMP_FILE) if e["event"] == "send_weights" and e["global_steps"] == 0]
-        startup_s = min(e["time"] for e in syncs) - launched
-        later = step_s[1:] or step_s
-        later_records = sorted(records, key=lambda r: r["step"])[1:] or records
-        phases = {
-            name: round(statistics.mean(r["data"].get(f"timing_s/{name}", 0.0) for r in later_records), 3)
-            for name in ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
-        }
-        report = {
+            raise SystemExit(f"{rollout} run failed: rc={result.returncode} timed_out={result.timed_out}")
+        records = sorted((r for r in read_jsonl(metrics) if "timing_s/step" in r["data"]), key=lambda r: r["step"])
+        step_s = [r["data"]["timing_s/step"] for r in records]
+        later = records[1:] or records
+        return {
+            "rollout": rollout,
             "steps": len(step_s),
-            "prompts_per_step": args.batch,
             "responses_per_step": args.batch * args.n,
             "first_step_s": round(step_s[0], 2),
-            "s_per_step_after_first": round(statistics.mean(later), 2),
-            "startup_s": round(startup_s, 1),
+            "s_per_step_after_first": round(statistics.mean(r["data"]["timing_s/step"] for r in later), 2),
+            "startup_s": round(seen["t"] - launched - step_s[0], 1) if "t" in seen else None,
             "wall_s": round(result.wall_seconds, 1),
             "peak_rss_gib": round(result.peak_rss_bytes / 2**30, 2),
-            "cpu_cores": len(os.sched_getaffinity(0)),
-            "load_average_1m": round(os.getloadavg()[0], 2),
-            "phase_s_after_first": phases,
+            "phase_s_after_first": {
+                name: round(statistics.mean(r["data"].get(f"timing_s/{name}", 0.0) for r in later), 3)
+                for name in PHASES
+            },
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", default="hf,vllm", help="comma-separated: hf, vllm")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=4, help="prompts per step")
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--vllm-python", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--keep", help="keep the run directories under this folder instead of temp dirs")
+    args = parser.parse_args()
+    rollouts = [r.strip() for r in args.rollouts.split(",") if r.strip()]
+    reports = []
+    for rollout in rollouts:
+        python = args.vllm_python if rollout == "vllm" else sys.executable
+        if rollout == "vllm" and not Path(python).exists():
+            raise SystemExit(f"no vLLM CPU stack at {python}: run bash scripts/setup_env.sh --vllm")
+        reports.append(bench(rollout, python, args))
+    print(
+        f"\nverl main_ppo GRPO on CPU (legacy trainer, tiny model, {args.batch} prompts x {args.n} responses, "
+        f"{args.steps} steps, {len(os.sched_getaffinity(0))} cores):"
+    )
+    header = f"{'rollout':8} {'start-up s':>10} {'step 1 s':>9} {'s/step after':>13} {'wall s':>7} {'peak RSS GiB':>13}"
+    print(header + "  " + "  ".join(f"{p:>14}" for p in PHASES))
+    for r in reports:
         print(
-            f"verl main_ppo GRPO on CPU (legacy trainer, hf rollout, {assets.report['num_parameters']} params, "
-            f"{args.batch} prompts x {args.n} responses):"
+            f"{r['rollout']:8} {r['startup_s']!s:>10} {r['first_step_s']:>9} {r['s_per_step_after_first']:>13} "
+            f"{r['wall_s']:>7} {r['peak_rss_gib']:>13}  "
+            + "  ".join(f"{r['phase_s_after_first'][p]:>14}" for p in PHASES)
         )
-        print(
-            f"  s/step: first {report['first_step_s']}, then {report['s_per_step_after_first']} | "
-            f"start-up {report['startup_s']} s | wall {report['wall_s']} s for {report['steps']} steps | "
-            f"peak RSS {report['peak_rss_gib']} GiB (process tree) | {report['cpu_cores']} cores"
-        )
-        print(json.dumps(report))
+    for r in reports:
+        print(json.dumps(r))
 
 
 if __name__ == "__main__":

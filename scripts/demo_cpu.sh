@@ -5,9 +5,25 @@
 # outputs/cpu_demo/train.log), and ends with a summary and a PNG learning curve (validation accuracy per
 # difficulty, batch pass rate, pool size, replayed share). Extra arguments go to recipe.exgrpo.cpu_demo
 # (e.g. --seed 2, --onpolicy, --steps 30, --verbose, exgrpo.replay_ratio=0.25). docs/learning.md has the figures.
+# --rollout vllm runs it on verl's vLLM rollout instead of the Hugging Face stand-in: it sets up the vLLM CPU stack
+# in .venv-vllm on first use (about 7 minutes, 4.1 GB) and writes to outputs/cpu_demo_vllm (docs/cpu_backend.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${VENV:-$ROOT/.venv}"
-bash "$ROOT/scripts/setup_env.sh"
+rollout=hf
+prev=""
+for arg in "$@"; do
+  case "$arg" in
+    --rollout=*) rollout="${arg#--rollout=}" ;;
+    *) [ "$prev" = "--rollout" ] && rollout="$arg" ;;
+  esac
+  prev="$arg"
+done
+if [ "$rollout" = vllm ]; then
+  VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
+  bash "$ROOT/scripts/setup_env.sh" --vllm
+else
+  VENV="${VENV:-$ROOT/.venv}"
+  bash "$ROOT/scripts/setup_env.sh"
+fi
 cd "$ROOT"
 exec "$VENV/bin/python" -m recipe.exgrpo.cpu_demo "$@"

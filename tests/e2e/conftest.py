@@ -58,3 +58,43 @@ def run_cpu_job(repo_root: Path) -> Callable[..., RunResult]:
         )
 
     return run
+
+
+VLLM_PYTHON_ENV = "EXGRPO_VLLM_PYTHON"
+REQUIRE_VLLM_ENV = "EXGRPO_REQUIRE_VLLM"
+
+
+@pytest.fixture(scope="session")
+def vllm_python(repo_root: Path) -> str:
+    """The interpreter of the vLLM CPU stack (``bash scripts/setup_env.sh --vllm``: ``.venv-vllm``, or
+    ``$EXGRPO_VLLM_PYTHON``). Missing, the vLLM tests skip, unless ``EXGRPO_REQUIRE_VLLM=1`` (the test command sets
+    it after installing the stack), where they fail."""
+    import subprocess
+
+    python = os.environ.get(VLLM_PYTHON_ENV) or str(repo_root / ".venv-vllm" / "bin" / "python")
+    problem = None
+    if not Path(python).exists():
+        problem = f"no vLLM CPU stack at {python}: run bash scripts/setup_env.sh --vllm"
+    else:
+        check = subprocess.run(
+            [python, "-m", "recipe.exgrpo.cpu.vllm_stack", "check"],
+            cwd=repo_root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check.returncode != 0:
+            problem = f"the vLLM CPU stack at {python} is not ready: {check.stderr.strip()}"
+    if problem:
+        if os.environ.get(REQUIRE_VLLM_ENV) == "1":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_assets() -> Assets:
+    """The tiny model with vLLM's CPU attention head size (32), warmed up like the default one, and the toy data."""
+    from recipe.exgrpo.cpu.assets import asset_spec
+
+    return ensure_assets(asset_spec("vllm"))

@@ -292,7 +292,7 @@ def test_cpu_overrides_compose_against_verls_config_and_pass_the_check(tmp_path)
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        (["actor_rollout_ref.rollout.name=vllm"], "actor_rollout_ref.rollout.name=vllm"),
+        (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name=sglang"),
         (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy=fsdp"),
         (["actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2"], "attn_implementation"),
         (["ray_kwargs.ray_init.num_cpus=4"], "ray_kwargs.ray_init.num_cpus=4"),

