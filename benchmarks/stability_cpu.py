@@ -9,10 +9,13 @@ are pushed into instability (REGIMES below) and both arms run with the same seed
 module constants before the runs: the demo's model, data, batch (16 questions x K = 8) and validation (all 384
 questions, one sample each at T = 1, before training and every TEST_FREQ steps), STEPS steps, SEEDS; each regime
 changes the demo's settings the same way for every arm. ExGRPO runs without the delayed start (τ = 0: replay from
-step 2, as the paper runs Llama-3.1 8B): a collapsing run's batch pass rate never reaches the demo's τ = 0.35, so
-with it ExGRPO would never replay (the ``exgrpo_delayed_start`` ablation measures exactly that).
+step 2, as the paper runs Llama-3.1 8B). With the paper's τ = 0.35 instead, ExGRPO *is* GRPO until the first step
+whose batch pass rate exceeds τ (the same clipped loss, data order and seed; collecting into the pool does not touch
+the update, and retired questions cannot come back as fresh prompts within the first epoch), so the GRPO runs'
+batch pass rates say when, if ever, that arm would start replaying (the signal table's last column).
 
-ABLATIONS switch one ExGRPO part off (or up) per arm, with the recipe's own switches, in ABLATION_REGIME.
+ABLATIONS switch one ExGRPO part off (or up) per arm, with the recipe's own switches, in ABLATION_REGIME, with
+ABLATION_SEEDS (the comparison's runs of those seeds are the reference).
 
 Outputs in ``--out``: ``runs/<regime>/<arm>_seed<s>/`` (verl's log, metrics.jsonl, ``run.csv`` with the run's
 per-step figures, ``done.json``); ``stability_cpu.csv`` (every point of every run), ``stability_cpu.md`` (the
@@ -92,14 +95,12 @@ ARMS: dict[str, tuple[bool, tuple[str, ...]]] = {
     # still joins its group, so its siblings keep their −1/K advantages
     "exgrpo_stored_member_no_grad": (True, ("exgrpo.shaping_beta=1e6",)),
     "exgrpo_no_shaping": (True, ("exgrpo.shaping=none",)),  # plain w: ~12x the stored member's gradient at w = 1
-    "exgrpo_delayed_start": (True, ("exgrpo.delayed_start_threshold=0.35",)),  # the paper's τ instead of 0
 }
 COMPARISON = ("grpo", "exgrpo")
 ABLATIONS = (
     "exgrpo_no_replay",
     "exgrpo_stored_member_no_grad",
     "exgrpo_no_shaping",
-    "exgrpo_delayed_start",
 )
 ABLATION_REGIME = "lr1e-3"
 SEEDS = (1, 2, 3, 4, 5)
@@ -107,6 +108,8 @@ ABLATION_SEEDS = (1, 2, 3)  # the ablation arms (the comparison's grpo and exgrp
 STEPS = 20
 TEST_FREQ = 5  # validation before training and every 5 steps
 DELAYED_START = 0.0  # τ of every ExGRPO arm unless the arm sets it
+# the paper's delayed start: replay begins after the first step whose batch pass rate exceeds τ = 0.35
+PAPER_TAU = 0.35
 # a run "collapses" when its final validation accuracy is below half its start
 COLLAPSE_FRACTION = 0.5
 WALL_LIMIT_S = 1200
@@ -114,6 +117,7 @@ WALL_LIMIT_S = 1200
 # per-step figures kept in run.csv: column -> metrics key
 STEP_KEYS: dict[str, str] = {
     "sampled_pass_rate": "exgrpo/sampled_pass_rate",
+    "batch_pass_rate": "exgrpo/batch_pass_rate",
     "replayed_questions": "exgrpo/replayed_questions",
     "zero_var_fresh": "exgrpo/signal/zero_var_fresh_share",
     "zero_var_fresh_failed": "exgrpo/signal/zero_var_fresh_failed_share",
@@ -284,6 +288,8 @@ def run_figures(record: RunRecord) -> dict[str, float]:
     fig["replay_group_adv_share"] = _mean([group_share[t] for t in replayed if t in group_share])
     fig["first_replay_step"] = float(min(replayed)) if replayed else math.nan
     fig["replayed_questions"] = sum(s["replayed_questions"].values())
+    above = [t for t, v in s["batch_pass_rate"].items() if v > PAPER_TAU]
+    fig["first_step_above_paper_tau"] = float(min(above)) if above else math.nan
     return fig
 
 
@@ -330,6 +336,7 @@ def signal_table(records: Sequence[RunRecord]) -> str:
         "sampled pass rate (last 5)",
         "first replayed step",
         "replayed questions",
+        f"first step with batch pass rate > {PAPER_TAU}",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for (regime, arm), runs in _groups(records).items():
@@ -351,7 +358,8 @@ def signal_table(records: Sequence[RunRecord]) -> str:
                 "sampled_pass_late",
             )
         ]
-        cells += [first, _cell(col["replayed_questions"], 0)]
+        above = ", ".join("–" if math.isnan(v) else str(int(v)) for v in col["first_step_above_paper_tau"])
+        cells += [first, _cell(col["replayed_questions"], 0), above]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
