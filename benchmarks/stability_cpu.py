@@ -15,7 +15,12 @@ the update, and retired questions cannot come back as fresh prompts within the f
 batch pass rates say when, if ever, that arm would start replaying (the signal table's last column).
 
 ABLATIONS switch one ExGRPO part off (or up) per arm, with the recipe's own switches, in ABLATION_REGIME, with
-ABLATION_SEEDS (the comparison's runs of those seeds are the reference).
+ABLATION_SEEDS (the comparison's runs of those seeds are the reference). Two switches need no run of their own,
+for the same reason as the delayed start: nothing replayed (``exgrpo.replay_ratio=0``) is GRPO, because the only
+other thing mixed mode changes, the fresh tokens' PPO clip, never acts with one optimiser step per batch (the fresh
+ratio is 1.0 and the clip fraction 0 in every run: the signal table), and fresh-prompt retirement
+(``exgrpo.retire_fresh_prompts``) cannot act within the first epoch (``exgrpo/fresh_skipped_retired`` is 0 in
+every run: the signal table).
 
 Outputs in ``--out``: ``runs/<regime>/<arm>_seed<s>/`` (verl's log, metrics.jsonl, ``run.csv`` with the run's
 per-step figures, ``done.json``); ``stability_cpu.csv`` (every point of every run), ``stability_cpu.md`` (the
@@ -90,7 +95,6 @@ ARMS: dict[str, tuple[bool, tuple[str, ...]]] = {
     "grpo": (False, ()),
     "exgrpo": (True, ()),
     # the ablations: one ExGRPO part per arm, the recipe's own switches
-    "exgrpo_no_replay": (True, ("exgrpo.replay_ratio=0.0",)),  # pool, retirement and schedule, nothing replayed
     # the stored member's own gradient ~0 (f(w) = w/(w+β) is ~w/β, its gradient ~1e-6 of a fresh token's); it
     # still joins its group, so its siblings keep their −1/K advantages
     "exgrpo_stored_member_no_grad": (True, ("exgrpo.shaping_beta=1e6",)),
@@ -98,7 +102,6 @@ ARMS: dict[str, tuple[bool, tuple[str, ...]]] = {
 }
 COMPARISON = ("grpo", "exgrpo")
 ABLATIONS = (
-    "exgrpo_no_replay",
     "exgrpo_stored_member_no_grad",
     "exgrpo_no_shaping",
 )
@@ -129,6 +132,8 @@ STEP_KEYS: dict[str, str] = {
     "replay_group_adv_share": "exgrpo/signal/replay_group_adv_share",
     "retired": "exgrpo/pool/retired",
     "fresh_skipped_retired": "exgrpo/fresh_skipped_retired",
+    "fresh_ratio_max": "actor/exgrpo/fresh_ratio_max",
+    "fresh_clip_frac": "actor/exgrpo/fresh_clip_frac",
     "grad_norm": "actor/grad_norm",
     "response_length": "response_length/mean",
     "step_s": "timing_s/step",
@@ -290,6 +295,9 @@ def run_figures(record: RunRecord) -> dict[str, float]:
     fig["replayed_questions"] = sum(s["replayed_questions"].values())
     above = [t for t, v in s["batch_pass_rate"].items() if v > PAPER_TAU]
     fig["first_step_above_paper_tau"] = float(min(above)) if above else math.nan
+    fig["grad_norm_max"] = max(s["grad_norm"].values(), default=math.nan)
+    fig["fresh_clip_frac_max"] = max(s["fresh_clip_frac"].values(), default=math.nan)
+    fig["fresh_skipped_retired"] = sum(s["fresh_skipped_retired"].values())
     return fig
 
 
@@ -337,6 +345,9 @@ def signal_table(records: Sequence[RunRecord]) -> str:
         "first replayed step",
         "replayed questions",
         f"first step with batch pass rate > {PAPER_TAU}",
+        "largest gradient norm",
+        "largest fresh clip fraction",
+        "retired questions skipped as fresh prompts",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for (regime, arm), runs in _groups(records).items():
@@ -359,7 +370,8 @@ def signal_table(records: Sequence[RunRecord]) -> str:
             )
         ]
         above = ", ".join("–" if math.isnan(v) else str(int(v)) for v in col["first_step_above_paper_tau"])
-        cells += [first, _cell(col["replayed_questions"], 0), above]
+        cells += [first, _cell(col["replayed_questions"], 0), above, f"{max(col['grad_norm_max']):.2f}"]
+        cells += [f"{max(col['fresh_clip_frac_max']):.3f}", f"{int(sum(col['fresh_skipped_retired']))}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -445,7 +457,7 @@ def plot_regime(runs_by_arm: Mapping[str, Sequence[RunRecord]], path: Path, titl
                 _draw(axes[0, 1 + j], *_band(items, "steps", "values"), color, label, "o-")
         _draw(axes[1, 0], *_series_band(runs, "zero_var_fresh"), color, label)
         _draw(axes[1, 2], *_series_band(runs, "sampled_pass_rate"), color, label)
-        _draw(axes[1, 3], *_series_band(runs, "grad_norm"), color, label)
+        _draw(axes[1, 3], *_series_band(runs, "response_length"), color, label)
         if any(r.series["replayed_questions"].get(t, 0) > 0 for r in runs for t in r.series["replayed_questions"]):
             _draw(axes[1, 0], *_series_band(runs, "zero_var_replay"), color, None, "--")
             _draw(axes[1, 1], *_series_band(runs, "replayed_member_adv_share"), color, label)
@@ -458,14 +470,13 @@ def plot_regime(runs_by_arm: Mapping[str, Sequence[RunRecord]], path: Path, titl
         "groups with zero reward variance: fresh (—), replay (- -)",
         "share of Σ|A|: replayed members (—), replay groups (- -)",
         "sampled pass rate (batches differ between arms)",
-        "actor gradient norm (before clipping)",
+        "response length (tokens; the cap is 24)",
     ]
     for ax, t in zip(axes.flat, titles):
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
-    axes[1, 3].set_yscale("log")
     fig.suptitle(title)
     return _save_figure(fig, path)
 
