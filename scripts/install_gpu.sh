@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the GPU stack into the current Python environment (a fresh venv or conda env is best), then checks it:
 #
-#   1. pip install -r requirements.txt      verl[vllm] 0.9.1, torch 2.11.0, vLLM 0.24.0, transformers 5.9.0, ...
+#   1. requirements.txt with requirements-gpu.lock as constraints: verl[vllm] 0.9.1, torch 2.11.0, vLLM 0.24.0,
+#      transformers 5.9.0 and every dependency at the version of the lock (scripts/lock_gpu.sh makes it), so the
+#      resolver has one candidate per package: no backtracking, the same versions on every machine.
+#        uv pip install --python PYTHON -r requirements.txt -c requirements-gpu.lock    when uv is on PATH
+#        PYTHON -m pip install -r requirements.txt -c requirements-gpu.lock            otherwise
 #   2. flash-attn 2.8.3                       a prebuilt wheel for torch 2.11 + CUDA 13.0 + this Python (the one verl's
 #                                             own installer uses); FLASH_ATTN=source builds it from PyPI's source
 #                                             instead, which needs torch (step 1) and nvcc (CUDA 13.0 toolkit)
@@ -16,6 +20,9 @@
 #
 # Environment:
 #   PYTHON       the environment's python (default: python)
+#   INSTALLER    step 1's installer: auto (default: uv when found, else pip), uv, pip. uv reads its own settings
+#                (uv.toml, UV_INDEX_URL), not pip's: INSTALLER=pip where a pip configuration names the index
+#   UV           the uv executable (default: uv)
 #   FLASH_ATTN   wheel (default: the prebuilt wheel, else stop and say what to do), source (build from PyPI's
 #                source: 20-30 min on 32 cores, MAX_JOBS limits the parallel compile jobs), skip
 #   FLASH_ATTN_WHEEL  a wheel URL or file to use instead of the default one
@@ -24,6 +31,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python}"
 FLASH_ATTN="${FLASH_ATTN:-wheel}"
+INSTALLER="${INSTALLER:-auto}"
+UV="${UV:-uv}"
+LOCK=requirements-gpu.lock
 FLASH_ATTN_VERSION=2.8.3
 # Prebuilt flash-attn wheels matched to (CUDA 13.0, torch 2.11, CPython ABI): the release verl 0.9.1 installs from.
 FLASH_ATTN_RELEASE=https://github.com/mjun0812/flash-attention-prebuild-wheels/releases/download/v0.9.4
@@ -39,9 +49,19 @@ run() {
 }
 
 case "$FLASH_ATTN" in wheel | source | skip) ;; *) die "FLASH_ATTN=$FLASH_ATTN: use wheel, source or skip" ;; esac
+case "$INSTALLER" in
+  auto) if command -v "$UV" >/dev/null; then INSTALLER=uv; else INSTALLER=pip; fi ;;
+  uv) command -v "$UV" >/dev/null || die "INSTALLER=uv but UV=$UV is not found (pip install uv, or INSTALLER=pip)" ;;
+  pip) ;;
+  *) die "INSTALLER=$INSTALLER: use auto, uv or pip" ;;
+esac
+[[ -f "$LOCK" ]] || die "$LOCK not found in $(pwd): regenerate it with bash scripts/lock_gpu.sh"
 pyver="$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')" ||
   die "cannot run PYTHON=$PYTHON"
 [[ "$pyver" =~ ^3(10|11|12)$ ]] || die "Python $pyver: the GPU stack needs Python 3.10, 3.11 or 3.12"
+# steps 2 and 3 use the environment's pip (an environment made by uv venv has none)
+"$PYTHON" -m pip --version >/dev/null 2>&1 ||
+  die "PYTHON=$PYTHON has no pip (python -m pip fails). Add it first: $UV pip install --python $PYTHON pip"
 [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]] || say "warning: the pinned wheels are for Linux x86_64; this is $(uname -sm)"
 if command -v nvidia-smi >/dev/null; then
   driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
@@ -54,7 +74,11 @@ else
   say "warning: nvidia-smi not found: is this a GPU machine with the NVIDIA driver (580 or newer)?"
 fi
 
-run "$PYTHON" -m pip install -r requirements.txt
+if [[ "$INSTALLER" == uv ]]; then
+  run "$UV" pip install --python "$("$PYTHON" -c 'import sys; print(sys.executable)')" -r requirements.txt -c "$LOCK"
+else
+  run "$PYTHON" -m pip install -r requirements.txt -c "$LOCK"
+fi
 
 case "$FLASH_ATTN" in
   wheel)

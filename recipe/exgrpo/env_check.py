@@ -4,7 +4,10 @@ Prints the versions of Python, torch (and the CUDA version it was built for), vL
 CUDA extension loads), verl, transformers, ray, math-verify and this repository, and whether GPUs are visible
 (their names, compute capability and the driver version from ``nvidia-smi``). Each pinned package is compared with
 requirements.txt / requirements-flash-attn.txt (the GPU stack, default) or requirements-cpu.txt +
-constraints-cpu.txt (``--cpu``: the CPU test stack, where vLLM, flash-attn and GPUs are not expected).
+constraints-cpu.txt (``--cpu``: the CPU test stack, where vLLM, flash-attn and GPUs are not expected). The GPU
+stack is also compared, package by package, with requirements-gpu.lock (the versions scripts/install_gpu.sh
+installs; entries whose marker does not hold for this interpreter are left out): each package that is missing or
+at another version is named.
 
 Exit status: 0 when everything expected is there at the pinned versions, 1 otherwise (each problem is listed).
 Nothing heavy is imported except torch (and flash-attn, to see that it loads): no vLLM engine starts.
@@ -26,6 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_FILES = ("requirements.txt", "requirements-flash-attn.txt")
+GPU_LOCK = "requirements-gpu.lock"  # written by scripts/lock_gpu.sh
 CPU_FILES = ("requirements-cpu.txt", "constraints-cpu.txt")
 SHOWN = ("torch", "vllm", "flash-attn", "verl", "transformers", "ray", "math-verify", "exgrpo")
 GPU_ONLY = ("vllm", "flash-attn")
@@ -75,6 +79,133 @@ def version_problems(expected: Mapping[str, str], installed: Mapping[str, str | 
         elif spec and Version(have).public not in SpecifierSet(spec):
             problems.append(f"{name} {have} does not satisfy {spec}")
     return problems
+
+
+@dataclass(frozen=True)
+class LockedPackage:
+    """One line of a lock: ``name==version`` and the environment marker it applies under (None: everywhere)."""
+
+    name: str
+    version: str
+    marker: str | None = None
+
+
+def parse_lock(text: str, source: str = GPU_LOCK) -> list[LockedPackage]:
+    """The entries of a lock file (uv/pip-compile's requirements format). Every entry must be pinned with ``==``
+    to one version; anything else is an error naming the line."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    out = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as e:
+            raise ValueError(f"{source}:{lineno}: not a requirement line: {line!r} ({e})") from e
+        pins = list(req.specifier)
+        if len(pins) != 1 or pins[0].operator != "==" or "*" in pins[0].version:
+            raise ValueError(f"{source}:{lineno}: {line!r} is not pinned to one version with ==")
+        out.append(LockedPackage(_canonical(req.name), pins[0].version, str(req.marker) if req.marker else None))
+    return out
+
+
+def read_lock(path: Path) -> list[LockedPackage]:
+    return parse_lock(path.read_text(encoding="utf-8"), source=path.name)
+
+
+def target_environment(python: str) -> dict[str, str]:
+    """The marker environment of CPython ``python`` ("3.11") on Linux x86_64, the platform the lock is for."""
+    return {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "platform_release": "",
+        "platform_version": "",
+        "extra": "",
+    }
+
+
+def locked_versions(packages: Sequence[LockedPackage], environment: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{package: version}`` of the entries whose marker holds in ``environment`` (default: this interpreter).
+    Two entries of one package that both hold are an error (the lock would not say which to install)."""
+    from packaging.markers import Marker
+
+    out: dict[str, str] = {}
+    for p in packages:
+        if p.marker and not Marker(p.marker).evaluate(dict(environment) if environment is not None else None):
+            continue
+        if p.name in out and out[p.name] != p.version:
+            raise ValueError(f"the lock has {p.name} at both {out[p.name]} and {p.version} for this environment")
+        out[p.name] = p.version
+    return out
+
+
+def _same_version(have: str, want: str) -> bool:
+    """``have`` is ``want``; a local build (torch ``2.11.0+cu130``) matches a lock entry without a local part."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        h, w = Version(have), Version(want)
+    except InvalidVersion:
+        return have == want
+    return h == w or (w.local is None and Version(h.public) == w)
+
+
+def lock_problems(
+    locked: Mapping[str, str], installed: Mapping[str, str | None], skip: Sequence[str] = ()
+) -> list[str]:
+    """One line per locked package that is missing or at another version than the lock's (``skip``: packages
+    already reported). Installed packages that the lock does not name are not problems."""
+    problems = []
+    for name, want in sorted(locked.items()):
+        if name in skip:
+            continue
+        have = installed.get(name)
+        if have is None:
+            problems.append(f"{name} is not installed (the lock has {want})")
+        elif not _same_version(have, want):
+            problems.append(f"{name} {have} is installed, the lock has {want}")
+    return problems
+
+
+def installed_versions() -> dict[str, str]:
+    """``{package: version}`` of every distribution this interpreter sees (the first one found, as imports do)."""
+    out: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(_canonical(name), dist.version)
+    return out
+
+
+@dataclass
+class LockCheck:
+    path: str
+    packages: int = 0  # entries that apply to this interpreter
+    problems: list[str] = field(default_factory=list)
+
+
+def check_lock(path: Path, installed: Mapping[str, str | None], skip: Sequence[str] = ()) -> LockCheck:
+    result = LockCheck(path.name)
+    if not path.is_file():
+        result.problems.append(f"{path.name} not found: the GPU stack's versions cannot be compared with the lock")
+        return result
+    try:
+        locked = locked_versions(read_lock(path))
+    except ValueError as e:
+        result.problems.append(f"{path.name} cannot be read: {e}")
+        return result
+    result.packages = len(locked)
+    result.problems = lock_problems(locked, installed, skip)
+    return result
 
 
 def driver_major(version: str | None) -> int | None:
@@ -141,6 +272,7 @@ class Report:
     gpu: GpuInfo
     flash_attn_error: str | None
     problems: list[str]
+    lock: LockCheck | None = None  # the GPU stack against requirements-gpu.lock (None for the CPU stack)
 
     @property
     def ok(self) -> bool:
@@ -177,6 +309,9 @@ class Report:
             f"  math-verify   {v.get('math-verify') or 'not installed'}",
             f"  exgrpo        {v.get('exgrpo') or 'not installed (pip install -e . --no-deps)'} ({REPO})",
         ]
+        if self.lock is not None:
+            differ = f"{len(self.lock.problems)} differ" if self.lock.problems else "all match"
+            lines.append(f"  lock          {self.lock.path}: {self.lock.packages} packages for this Python, {differ}")
         if self.ok:
             lines.append("result: OK")
         else:
@@ -193,6 +328,10 @@ def check(cpu: bool = False, repo: Path = REPO) -> Report:
     names = sorted(set(expected) | {_canonical(n) for n in SHOWN})
     versions = {n: installed_version(n) for n in names}
     problems = version_problems(expected, versions)
+    lock = None
+    if not cpu:  # each package a requirement line already reported is not reported again by the lock
+        reported = [n for n in expected if version_problems({n: expected[n]}, versions)]
+        lock = check_lock(repo / GPU_LOCK, installed_versions(), skip=reported)
     if versions.get("exgrpo") is None:
         problems.append("the recipe is not installed: pip install -e . --no-deps (in the repository)")
     gpu = gpu_info()
@@ -210,7 +349,8 @@ def check(cpu: bool = False, repo: Path = REPO) -> Report:
             )
         if versions.get("flash-attn") and fa_error:
             problems.append(f"flash-attn is installed but does not load: {fa_error}")
-    return Report(mode, platform.python_version(), versions, gpu, fa_error, problems)
+        problems += lock.problems
+    return Report(mode, platform.python_version(), versions, gpu, fa_error, problems, lock)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

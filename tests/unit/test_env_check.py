@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.env_check import driver_major, read_requirements, version_problems
+from recipe.exgrpo.env_check import (
+    check_lock,
+    driver_major,
+    lock_problems,
+    locked_versions,
+    parse_lock,
+    read_lock,
+    read_requirements,
+    target_environment,
+    version_problems,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,6 +49,69 @@ def test_version_problems():
         "torch 2.13.0+cpu does not satisfy ==2.11.0"
     ]
     assert (driver_major("580.65.06"), driver_major("535.104.05"), driver_major(None)) == (580, 535, None)
+
+
+# a lock as scripts/lock_gpu.sh writes it: comments, "# via" annotations, entries that differ by Python version
+HAND_LOCK = """\
+# header
+numpy==2.2.6 ; python_full_version < '3.11'
+    # via torch
+numpy==2.3.5 ; python_full_version >= '3.11'
+torch==2.11.0
+triton==3.6.0 ; platform_machine == 'x86_64' and sys_platform == 'linux'
+    # via torch
+win32-setctime==1.2.1 ; sys_platform == 'win32'
+Huggingface_Hub==1.33.0
+"""
+
+
+def test_locked_versions_follow_the_markers_of_the_target():
+    entries = parse_lock(HAND_LOCK)
+    assert len(entries) == 6 and entries[0].marker == 'python_full_version < "3.11"'
+    assert locked_versions(entries, target_environment("3.10")) == {
+        "numpy": "2.2.6",
+        "torch": "2.11.0",
+        "triton": "3.6.0",
+        "huggingface-hub": "1.33.0",
+    }
+    assert locked_versions(entries, target_environment("3.12"))["numpy"] == "2.3.5"
+
+
+def test_lock_problems_name_each_missing_or_other_version():
+    locked = locked_versions(parse_lock(HAND_LOCK), target_environment("3.11"))
+    installed = {
+        "numpy": "2.3.5",
+        "torch": "2.11.0+cu130",  # a local build matches the lock's public version
+        "triton": "3.5.1",
+        "huggingface-hub": "1.33.0",
+        "pandas": "3.1.1",  # not in the lock: not a problem
+    }
+    assert lock_problems(locked, installed) == ["triton 3.5.1 is installed, the lock has 3.6.0"]
+    del installed["numpy"]
+    installed["torch"] = "2.13.0+cpu"
+    assert lock_problems(locked, installed) == [
+        "numpy is not installed (the lock has 2.3.5)",
+        "torch 2.13.0+cpu is installed, the lock has 2.11.0",
+        "triton 3.5.1 is installed, the lock has 3.6.0",
+    ]
+    assert lock_problems(locked, installed, skip=["torch"]) == [
+        "numpy is not installed (the lock has 2.3.5)",
+        "triton 3.5.1 is installed, the lock has 3.6.0",
+    ]
+    assert lock_problems({"torch": "2.11.0+cu130"}, {"torch": "2.11.0"}) == [
+        "torch 2.11.0 is installed, the lock has 2.11.0+cu130"
+    ]
+
+
+def test_check_lock_reports_an_unusable_lock(tmp_path):
+    missing = check_lock(tmp_path / "requirements-gpu.lock", {})
+    assert missing.packages == 0 and "requirements-gpu.lock not found" in missing.problems[0]
+    (tmp_path / "bad.lock").write_text("torch==2.11.0\nvllm>=0.24\n")
+    bad = check_lock(tmp_path / "bad.lock", {"torch": "2.11.0"})
+    assert bad.problems == ["bad.lock cannot be read: bad.lock:2: 'vllm>=0.24' is not pinned to one version with =="]
+    (tmp_path / "ok.lock").write_text(HAND_LOCK)
+    ok = check_lock(tmp_path / "ok.lock", {"numpy": "2.3.5", "torch": "2.11.0", "huggingface-hub": "1.33.0"})
+    assert ok.problems == ["triton is not installed (the lock has 3.6.0)"] and ok.packages == 4
 
 
 def _env_check(*args: str) -> tuple[int, dict]:
@@ -68,27 +141,46 @@ def test_env_check_of_the_gpu_stack_fails_on_the_cpu_stack():
     assert rc == 1 and not report["ok"]
     assert "vllm is not installed (wanted ==0.24.0)" in report["problems"]
     assert "flash-attn is not installed (wanted ==2.8.3)" in report["problems"]
+    # the CPU stack against the lock: each package at another version is named, once
+    lock = report["lock"]
+    assert lock["path"] == "requirements-gpu.lock" and lock["packages"] > 200
+    assert set(lock["problems"]) <= set(report["problems"]) and len(set(report["problems"])) == len(report["problems"])
+    numpy_locked = locked_versions(read_lock(REPO / "requirements-gpu.lock"))["numpy"]
+    if metadata.version("numpy") != numpy_locked:
+        assert f"numpy {metadata.version('numpy')} is installed, the lock has {numpy_locked}" in lock["problems"]
+    assert not any(p.startswith(("torch ", "vllm ", "transformers ")) for p in lock["problems"])  # reported above
     text = subprocess.run(
         [sys.executable, "-m", "recipe.exgrpo.env_check"], cwd=REPO, capture_output=True, text=True, timeout=120
     ).stdout
-    for line in ("  torch ", "  GPUs ", "  vllm ", "  flash-attn ", "  verl ", "  transformers ", "result: "):
+    for line in (
+        "  torch ",
+        "  GPUs ",
+        "  vllm ",
+        "  flash-attn ",
+        "  verl ",
+        "  transformers ",
+        "  lock ",
+        "result: ",
+    ):
         assert line in text
 
 
-def _install(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1", "PATH": os.environ["PATH"], **env}
-    return subprocess.run(
-        ["bash", str(REPO / "scripts" / "install_gpu.sh")], cwd=tmp_path, env=full, capture_output=True, text=True
-    )
+def _install(tmp_path: Path, script: Path = REPO / "scripts" / "install_gpu.sh", **env: str):
+    full = {**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1", "INSTALLER": "pip", **env}
+    return subprocess.run(["bash", str(script)], cwd=tmp_path, env=full, capture_output=True, text=True, timeout=60)
+
+
+def _commands(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line[2:] for line in proc.stderr.splitlines() if line.startswith("+ ")]
 
 
 def test_install_gpu_runs_its_steps_in_order(tmp_path):
     proc = _install(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    commands = [line[2:] for line in proc.stderr.splitlines() if line.startswith("+ ")]
+    commands = _commands(proc)
     py = f"{sys.version_info[0]}{sys.version_info[1]}"
     assert commands == [
-        f"{sys.executable} -m pip install -r requirements.txt",
+        f"{sys.executable} -m pip install -r requirements.txt -c requirements-gpu.lock",
         f"{sys.executable} -m pip install --no-deps https://github.com/mjun0812/flash-attention-prebuild-wheels/"
         f"releases/download/v0.9.4/flash_attn-2.8.3%2Bcu130torch2.11-cp{py}-cp{py}-linux_x86_64.whl",
         f"{sys.executable} -m pip install -e . --no-deps",
@@ -98,3 +190,36 @@ def test_install_gpu_runs_its_steps_in_order(tmp_path):
     assert f"+ {sys.executable} -m pip install --no-build-isolation -r requirements-flash-attn.txt" in source.stderr
     bad = _install(tmp_path, FLASH_ATTN="maybe")
     assert bad.returncode == 2 and "FLASH_ATTN=maybe" in bad.stderr
+
+
+def test_install_gpu_uses_uv_with_the_lock_when_uv_is_found(tmp_path):
+    uv = Path(sys.executable).parent / "uv"  # requirements-cpu.txt installs it
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").symlink_to(uv)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    auto = _install(tmp_path, INSTALLER="auto", PATH=path)
+    assert auto.returncode == 0, auto.stderr
+    assert (
+        _commands(auto)[0] == f"uv pip install --python {sys.executable} -r requirements.txt -c requirements-gpu.lock"
+    )
+    assert _commands(auto)[2] == f"{sys.executable} -m pip install -e . --no-deps"  # the later steps: pip
+    no_uv = _install(tmp_path, INSTALLER="auto", PATH="/usr/bin:/bin", UV="uv-not-here")
+    assert _commands(no_uv)[0] == f"{sys.executable} -m pip install -r requirements.txt -c requirements-gpu.lock"
+    missing = _install(tmp_path, INSTALLER="uv", UV="uv-not-here")
+    assert missing.returncode == 2 and "INSTALLER=uv but UV=uv-not-here is not found" in missing.stderr
+    bad = _install(tmp_path, INSTALLER="conda")
+    assert bad.returncode == 2 and "INSTALLER=conda" in bad.stderr
+
+
+def test_install_gpu_stops_before_installing_without_pip_or_lock(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "nopip")], check=True, timeout=120)
+    nopip = _install(tmp_path, PYTHON=str(tmp_path / "nopip" / "bin" / "python"))
+    assert nopip.returncode == 2 and "has no pip" in nopip.stderr and _commands(nopip) == []
+    # a checkout without the lock (the script run from a copy of the repository that lacks it)
+    (tmp_path / "repo" / "scripts").mkdir(parents=True)
+    (tmp_path / "repo" / "requirements.txt").write_text("torch==2.11.0\n")
+    script = tmp_path / "repo" / "scripts" / "install_gpu.sh"
+    script.write_text((REPO / "scripts" / "install_gpu.sh").read_text())
+    nolock = _install(tmp_path, script=script)
+    assert nolock.returncode == 2 and "requirements-gpu.lock not found" in nolock.stderr and _commands(nolock) == []
