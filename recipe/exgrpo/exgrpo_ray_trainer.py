@@ -44,6 +44,7 @@ from verl.utils.metric import reduce_metrics
 from exgrpo.advantage import group_relative_advantages, token_level_advantages
 from exgrpo.experience.manager import ExperienceManager, ReplayPlan
 from exgrpo.fresh_prompts import FreshPromptFilter
+from exgrpo.gradient_signal import group_signal_metrics
 from exgrpo.objective import LossSettings
 from exgrpo.schedule import batch_pass_rate
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss
@@ -522,6 +523,10 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 scores,
                 batch.non_tensor_batch["uid"],
                 norm_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
+            )
+            # groups without reward variance (no gradient), fresh vs replayed, and replay's share of |A|
+            metrics.update(
+                group_signal_metrics(scores, batch.non_tensor_batch["uid"], batch.batch[IS_REPLAY_KEY].numpy(), adv)
             )
             adv_t = token_level_advantages(adv, batch.batch["response_mask"])
             batch.batch["advantages"] = adv_t
