@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -426,3 +427,18 @@ class Report:
         lines = [f"[{self.source}]"] + [f"  {k:<{width}}  {v:>8,}" for k, v in self.counts.items()]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def command_main(parser: Any, run: Any, argv: Sequence[str] | None = None) -> int:
+    """The main of a one-output preprocessing command: parse, check ``--max-prompt-tokens``, run, print the report;
+    a PreprocessError prints ``error: ...`` and exits 2 (nothing is written: the commands write only at the end)."""
+    args = parser.parse_args(argv)
+    if args.max_prompt_tokens < 1:
+        raise SystemExit(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    try:
+        report = run(args)
+    except PreprocessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0

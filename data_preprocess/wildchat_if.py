@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from data_preprocess.common import (
     PreprocessError,
     Report,
+    command_main,
     duplicate_ids,
     load_tokenizer,
     normalize_question,
@@ -229,16 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.max_prompt_tokens < 1:
-        raise SystemExit(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
-    try:
-        report = run(args)
-    except PreprocessError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(report.format())
-    return 0
+    return command_main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

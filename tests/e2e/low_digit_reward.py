@@ -9,19 +9,18 @@ uniform (mean reward ~0.5). Never raises: a malformed response scores 0.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+from exgrpo.reward.extract import last_boxed
 
 
 def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, **kwargs: Any
 ) -> float:
-    found = _BOXED.findall(solution_str or "")
-    if not found:
+    found = last_boxed(solution_str or "")
+    if found is None:
         return 0.0
-    digits = found[-1].strip()
+    digits = found.strip()
     if not digits.lstrip("-").isdigit():
         return 0.0
     return (9 - int(digits[-1])) / 9
