@@ -15,5 +15,5 @@ setup(
         "plot": ["matplotlib"],
         "dev": ["pytest", "pytest-timeout", "ruff"],
     },
-    entry_points={"console_scripts": ["exgrpo-eval=exgrpo.eval.cli:main"]},
+    entry_points={"console_scripts": ["exgrpo-eval=exgrpo.eval.cli:main", "exgrpo-pool=exgrpo.pool.cli:main"]},
 )

@@ -1,6 +1,7 @@
 """ExGRPO vs on-policy GRPO seconds per step on the same tiny CPU config, in one run, side by side.
 
     python benchmarks/exgrpo_vs_grpo_cpu.py [--steps 12] [--repeats 3] [--out outputs/bench_exgrpo_vs_grpo]
+    python benchmarks/exgrpo_vs_grpo_cpu.py --rollout vllm [--vllm-python .venv-vllm/bin/python] [--repeats 2]
 
 Both arms run the real verl trainer through ``recipe.exgrpo.main_exgrpo`` (on-policy = ``exgrpo.enable=false``)
 with the same model, data, batch and seed. Replay starts at step 1 (delayed start off) so every measured ExGRPO
@@ -11,6 +12,10 @@ shared 2-core machine single steps spike 3-10x when other jobs run, and a median
 and the medians of generation, the old-log-prob pass (which, for ExGRPO, also scores the candidate trajectories),
 the actor update and ExGRPO's own bookkeeping; the actor forward calls per step, start-up and peak RSS. Then the
 ratio ExGRPO / GRPO of the median step times. The paper's release costs +19.0% per step at 7B on 8×H100 (Table 8).
+
+``--rollout vllm`` runs both arms on verl's vLLM rollout (the vLLM CPU stack of ``scripts/setup_env.sh --vllm``, its
+head-32 tiny model): the closer stand-in for a GPU step, where the generation that replay saves (K-1 instead of K
+samples for a replayed question) goes through the real engine.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
+from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
 
 #: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
 #: figures, the replayed members' reward, collection)
@@ -42,15 +47,19 @@ PER_STEP = {
 }
 
 
-def run_once(name: str, enable: bool, steps: int, out: Path, assets) -> dict:
+def run_once(
+    name: str, enable: bool, steps: int, out: Path, assets, rollout: str = "hf", python: str | None = None
+) -> dict:
     """One training run; returns its measured steps' figures (lists, one value per step) and run totals."""
     run = ExGRPOCpuRun(
         output_dir=out,
         steps=steps,
         exgrpo_enable=enable,
         delayed_start_threshold=-1.0,
-        wall_limit_s=1200,
+        wall_limit_s=1800 if rollout == "vllm" else 1200,
         ray_temp_dir=tempfile.mkdtemp(prefix="exgb-", dir="/tmp"),
+        rollout=rollout,
+        python=python,
     )
     result = launch(run, assets, echo=False)
     if result.returncode != 0:
@@ -71,16 +80,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=22, help="training steps per run (the first two not measured)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per arm, alternating the arms")
-    parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "bench_exgrpo_vs_grpo"))
+    parser.add_argument("--out", default=None, help="default outputs/bench_exgrpo_vs_grpo[_vllm]")
+    parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf", help="the rollout both arms run on")
+    parser.add_argument(
+        "--vllm-python",
+        default=str(REPO_ROOT / ".venv-vllm" / "bin" / "python"),
+        help="the interpreter of the vLLM CPU stack (--rollout vllm)",
+    )
     args = parser.parse_args(argv)
-    from recipe.exgrpo.cpu.assets import ensure_assets
+    from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
+    from recipe.exgrpo.cpu.procs import install_termination_handlers
 
-    assets = ensure_assets()
-    out = Path(args.out)
+    install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
+
+    python = None
+    if args.rollout == "vllm":
+        python = args.vllm_python
+        if not Path(python).exists():
+            raise SystemExit(f"no vLLM CPU stack at {python}: run bash scripts/setup_env.sh --vllm")
+    assets = ensure_assets(asset_spec(args.rollout))
+    suffix = "_vllm" if args.rollout == "vllm" else ""
+    out = Path(args.out or REPO_ROOT / "outputs" / f"bench_exgrpo_vs_grpo{suffix}")
     runs: dict[str, list[dict]] = {"grpo": [], "exgrpo": []}
     for rep in range(args.repeats):
         for name, enable in (("grpo", False), ("exgrpo", True)):
-            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets)
+            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python)
             runs[name].append(r)
             print(
                 f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
@@ -104,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         ("peak RSS GiB", lambda n: max(r["peak_rss_gib"] for r in runs[n]), 14, 2),
     ]
     n_steps = len(runs["grpo"][0]["step_s"])
-    print(f"\n{args.repeats} runs per arm x {n_steps} measured steps, pooled (medians unless marked)")
+    print(
+        f"\n{args.rollout} rollout: {args.repeats} runs per arm x {n_steps} measured steps, pooled "
+        "(medians unless marked)"
+    )
     print(f"{'arm':<8}" + "".join(f"{title:>{width}}" for title, _, width, _ in cols))
     for name in runs:
         print(f"{name:<8}" + "".join(f"{fn(name):>{width}.{dp}f}" for _, fn, width, dp in cols))

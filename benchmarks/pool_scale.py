@@ -21,12 +21,20 @@ was split into components and collection was batched), extracted with ``git arch
 Both see the same synthetic stream (same seed), so the "behaviour digest" row (a hash of every bucket, retired
 question, counter and stored trajectory after the build and the churn) must be equal in both columns.
 
+Multi-turn trajectories (``--tool-share F``, this checkout only: the baseline has no loss masks): a share F of the
+stored trajectories holds ``--tool-calls`` tool outputs of ``--tool-len`` tokens each (loss mask 0) between the
+model's turns. Their mask is stored inside the float32 log-prob column (NaN on masked tokens, no byte more; see
+docs/experience.md), and the run also measures, on the same pool and the same per-step candidates, what the two
+other encodings would cost: a bit-packed mask column (one bit per token) and run lengths (one int32 per run), in
+bytes per token and in decode time per step (the sentinel's decode is part of "draw + candidates").
+
 Targets: collect median < 5 ms per step, <= 8.5 bytes per stored token, sampling + assembly < 5 ms,
 save + load < 10 s.
 
     python benchmarks/pool_scale.py                       # full scale, both layouts, before and after (~6 GB RAM)
     python benchmarks/pool_scale.py --trajectories 20000  # a quick run
     python benchmarks/pool_scale.py --baseline none       # this checkout only
+    python benchmarks/pool_scale.py --baseline none --tool-share 0.5   # half the pool multi-turn
 """
 
 from __future__ import annotations
@@ -81,6 +89,8 @@ def behaviour_digest(pool, k: int) -> str:
             h.update(f"{c.entry_id}:{c.reward}:{c.step}".encode())
             h.update(c.token_ids.tobytes())
             h.update(c.behaviour_log_probs.tobytes())
+            if getattr(c, "loss_mask", None) is not None:  # a multi-turn trajectory (none in the baseline's pools)
+                h.update(c.loss_mask.tobytes())
     return h.hexdigest()
 
 
@@ -109,11 +119,23 @@ class Synthetic:
         self.ids = self.rng.integers(0, 151_000, n, dtype=np.int32)
         self.lps = -self.rng.exponential(0.5, n).astype(np.float32)
         self.wrong = GroupMember(np.array([2], dtype=np.int32), np.array([-1.0], dtype=np.float32), 0.0)
+        self.tool_share, self.tool_calls, self.tool_len = args.tool_share, args.tool_calls, args.tool_len
 
     def member(self):
         n = int(self.rng.integers(self.lo, self.hi + 1))
         off = int(self.rng.integers(0, self.ids.shape[0] - n))
+        if self.tool_share and self.rng.random() < self.tool_share:
+            return self.GroupMember(self.ids[off : off + n], self.lps[off : off + n], 1.0, loss_mask=self.tool_mask(n))
         return self.GroupMember(self.ids[off : off + n], self.lps[off : off + n], 1.0)
+
+    def tool_mask(self, n: int) -> np.ndarray:
+        """Model turns with ``tool_calls`` tool outputs of ``tool_len`` tokens between them (mask 0 there)."""
+        mask = np.ones(n, dtype=np.bool_)
+        turn = n // (self.tool_calls + 1)
+        for c in range(1, self.tool_calls + 1):
+            start = c * turn - self.tool_len // 2
+            mask[max(1, start) : min(n - 1, start + self.tool_len)] = False
+        return mask
 
     def group(self, qid: str, n_correct: int):
         members = [self.member() for _ in range(n_correct)] + [self.wrong] * (self.k - n_correct)
@@ -157,6 +179,7 @@ def run_layout(args: argparse.Namespace) -> dict:
         trajectories=len(pool),
         questions=pool.num_questions,
         tokens=tokens,
+        tool_token_share=getattr(pool.table, "total_masked", 0) / tokens,
         insert_traj_per_s=len(pool) / collect_s,
         insert_mtok_per_s=tokens / collect_s / 1e6,
         collect_mb_per_step=8 * tokens / step / 1e6,
@@ -188,6 +211,8 @@ def run_layout(args: argparse.Namespace) -> dict:
         out[f"sample_{tag}_ms_median"] = float(np.median(ms))
         out[f"sample_{tag}_ms_p95"] = float(np.percentile(ms, 95))
         out["candidates_per_step"] = cand_tokens / args.draw_steps
+    if args.tool_share:
+        out.update(mask_encodings(pool, cands))
     t = time.perf_counter()
     for _ in range(args.draw_steps):
         sampler.draw(pool, n_replay, exclude=fresh)
@@ -271,10 +296,58 @@ def run_layout(args: argparse.Namespace) -> dict:
     return out
 
 
+def mask_encodings(pool, cands) -> dict:
+    """What the loss masks of ``pool`` cost in each encoding: extra bytes per stored token, and the time to decode
+    the masks of one step's candidates ``cands`` (median of 20 decodes). The sentinel (NaN in the log-prob column)
+    is what the pool stores; the bit-packed column and the run lengths are computed here from the same masks."""
+    masks_all = [c.mask for q in pool.question_ids() for c in pool.entries(q, copy=False)]
+    tokens = sum(m.shape[0] for m in masks_all)
+
+    def runs_of(m: np.ndarray) -> np.ndarray:
+        edges = np.flatnonzero(m[1:] != m[:-1]) + 1
+        return np.diff(np.concatenate([[0], edges, [m.shape[0]]])).astype(np.int32)
+
+    bits = sum((m.shape[0] + 7) // 8 for m in masks_all)
+    runs = sum(4 * (runs_of(m).shape[0] + 1) for m in masks_all)  # each run's length + the count, int32
+    flat = [c for g in cands for c in g]
+    stored = [pool.token_storage.view(pool.table.slots_of(c.question_id)[0])[1] for c in flat[:0]]  # (unused)
+    del stored
+    views = []
+    for g in cands:
+        for c in g:
+            slot = next(
+                s for s in pool.table.slots_of(c.question_id) if pool.table.columns["entry_id"][s] == c.entry_id
+            )
+            views.append(pool.token_storage.view(slot)[1])
+    packed = [np.packbits(c.mask) for c in flat]
+    lengths = [c.length for c in flat]
+    run_lists = [runs_of(c.mask) for c in flat]
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return 1e3 * float(np.median(times))
+
+    return {
+        "mask_sentinel_bytes_per_token": 0.0,
+        "mask_bits_bytes_per_token": bits / tokens,
+        "mask_runs_bytes_per_token": runs / tokens,
+        "mask_sentinel_decode_ms": timed(lambda: [np.isnan(v) for v in views]),
+        "mask_bits_decode_ms": timed(
+            lambda: [np.unpackbits(p, count=n).view(np.bool_) for p, n in zip(packed, lengths)]
+        ),
+        "mask_runs_decode_ms": timed(lambda: [np.repeat(np.arange(r.shape[0]) % 2 == 0, r) for r in run_lists]),
+    }
+
+
 ROWS = [
     ("trajectories", "trajectories stored", "{:,.0f}"),
     ("questions", "questions with trajectories", "{:,.0f}"),
     ("tokens", "response tokens stored", "{:,.0f}"),
+    ("tool_token_share", "share of stored tokens that are tool tokens (mask 0)", "{:.3f}"),
     ("collect_ms_median", "collect of 128 groups: median ms  [< 5]", "{:.2f}"),
     ("collect_ms_mean", "collect of 128 groups: mean ms", "{:.2f}"),
     ("collect_ms_p95", "collect of 128 groups: p95 ms", "{:.2f}"),
@@ -290,6 +363,12 @@ ROWS = [
     ("sample_view_ms_p95", "draw 64 + candidates, views: p95 ms", "{:.2f}"),
     ("draw_only_ms", "draw 64 only: mean ms", "{:.3f}"),
     ("candidates_per_step", "candidate tokens assembled per step", "{:,.0f}"),
+    ("mask_sentinel_bytes_per_token", "loss mask as NaN log-probs (stored): bytes / token", "{:.4f}"),
+    ("mask_bits_bytes_per_token", "loss mask as a bit column: bytes / token", "{:.4f}"),
+    ("mask_runs_bytes_per_token", "loss mask as run lengths (int32): bytes / token", "{:.4f}"),
+    ("mask_sentinel_decode_ms", "decode one step's candidate masks, NaN: median ms", "{:.3f}"),
+    ("mask_bits_decode_ms", "decode one step's candidate masks, bits: median ms", "{:.3f}"),
+    ("mask_runs_decode_ms", "decode one step's candidate masks, runs: median ms", "{:.3f}"),
     ("retire_ms_per_question", "churn: retire, ms per question", "{:.3f}"),
     ("churn_bytes_per_token", "churn: bytes / token (memory_bytes)", "{:.3f}"),
     ("churn_rss_bytes_per_token", "churn: bytes / token (RSS growth)", "{:.3f}"),
@@ -323,6 +402,9 @@ def main() -> None:
         help="git revision whose exgrpo package is measured as 'before' (default: before the component split); "
         "'none' to measure this checkout only",
     )
+    ap.add_argument("--tool-share", type=float, default=0.0, help="share of trajectories with tool outputs (mask 0)")
+    ap.add_argument("--tool-calls", type=int, default=2, help="tool outputs per multi-turn trajectory")
+    ap.add_argument("--tool-len", type=int, default=200, help="tokens per tool output")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temp dir)")
     ap.add_argument("--keep-files", action="store_true")
@@ -336,6 +418,8 @@ def main() -> None:
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="pool_scale-")
     impls: list[tuple[str, str | None]] = [("after", None)]
+    if args.tool_share and args.baseline != "none":
+        sys.exit("[pool_scale] --tool-share needs --baseline none (the baseline stores no loss masks)")
     if args.baseline != "none":
         impls.insert(0, (f"before ({args.baseline[:7]})", extract_baseline(args.baseline, workdir)))
     results = []
@@ -352,6 +436,9 @@ def main() -> None:
                 "groups_per_step",
                 "draw_steps",
                 "churn",
+                "tool_share",
+                "tool_calls",
+                "tool_len",
                 "seed",
             ):
                 cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -371,6 +458,11 @@ def main() -> None:
     print(
         f"python benchmarks/pool_scale.py --trajectories {args.trajectories} --mean-len {args.mean_len} "
         f"--len-spread {args.len_spread} --baseline {args.baseline}"
+        + (
+            f" --tool-share {args.tool_share} --tool-calls {args.tool_calls} --tool-len {args.tool_len}"
+            if args.tool_share
+            else ""
+        )
     )
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "

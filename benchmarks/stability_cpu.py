@@ -55,17 +55,17 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu_demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
-from recipe.exgrpo.learning_curves import (  # noqa: E402
+from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
+from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
     RunCurve,
-    _band,
-    _mean_std,
-    _pm,
-    _pyplot,
-    _save_figure,
     area_under_curve,
+    band,
+    mean_std,
+    plus_minus,
+    pyplot,
     read_metrics_file,
     run_curve,
+    save_figure,
 )
 
 # ---- the protocol, fixed before running ------------------------------------------------------------------------
@@ -76,7 +76,7 @@ class Regime:
     """How a regime changes the demo's settings (the same for every arm)."""
 
     why: str
-    settings: dict[str, Any] = field(default_factory=dict)  # fields of recipe.exgrpo.cpu_demo.ExGRPOCpuRun
+    settings: dict[str, Any] = field(default_factory=dict)  # fields of recipe.exgrpo.cpu.demo.ExGRPOCpuRun
     overrides: tuple[str, ...] = ()  # hydra overrides
 
 
@@ -303,7 +303,7 @@ def run_figures(record: RunRecord) -> dict[str, float]:
 
 def _cell(values: Sequence[float], digits: int = 3) -> str:
     vals = [v for v in values if not math.isnan(v)]
-    return _pm(_mean_std(vals), digits) if vals else "–"
+    return plus_minus(mean_std(vals), digits) if vals else "–"
 
 
 def _groups(records: Sequence[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
@@ -422,7 +422,7 @@ def write_all_csv(records: Sequence[RunRecord], path: Path) -> None:
 # ---- figures ---------------------------------------------------------------------------------------------------
 @dataclass
 class _Series:
-    """A per-step figure as a RunCurve-like object, for learning_curves._band (mean ± std at common steps)."""
+    """A per-step figure as a RunCurve-like object, for learning_curves.band (mean ± std at common steps)."""
 
     steps: list[int]
     values: list[float]
@@ -431,7 +431,7 @@ class _Series:
 def _series_band(runs: Sequence[RunRecord], col: str) -> tuple[list[int], list[float], list[float]]:
     items = [_Series(sorted(r.series[col]), [r.series[col][t] for t in sorted(r.series[col])]) for r in runs]
     items = [i for i in items if i.steps]
-    return _band(items, "steps", "values") if items else ([], [], [])
+    return band(items, "steps", "values") if items else ([], [], [])
 
 
 def _draw(ax, steps, mean, std, color, label, marker="-"):
@@ -445,16 +445,16 @@ def _draw(ax, steps, mean, std, color, label, marker="-"):
 
 def plot_regime(runs_by_arm: Mapping[str, Sequence[RunRecord]], path: Path, title: str) -> Path:
     """Validation accuracy (overall and per level) and the gradient-signal figures per step, mean ± std per arm."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     for i, (arm, runs) in enumerate(runs_by_arm.items()):
         color, label = f"C{i}", f"{arm} (n={len(runs)})"
-        _draw(axes[0, 0], *_band([r.curve for r in runs], "val_steps", "val_acc"), color, label, "o-")
+        _draw(axes[0, 0], *band([r.curve for r in runs], "val_steps", "val_acc"), color, label, "o-")
         for j, lv in enumerate(("easy", "medium", "hard")):
             curves = [r.curve for r in runs if lv in r.curve.val_by_level]
             items = [_Series(c.val_steps, c.val_by_level[lv]) for c in curves]
             if items:
-                _draw(axes[0, 1 + j], *_band(items, "steps", "values"), color, label, "o-")
+                _draw(axes[0, 1 + j], *band(items, "steps", "values"), color, label, "o-")
         _draw(axes[1, 0], *_series_band(runs, "zero_var_fresh"), color, label)
         _draw(axes[1, 2], *_series_band(runs, "sampled_pass_rate"), color, label)
         _draw(axes[1, 3], *_series_band(runs, "response_length"), color, label)
@@ -478,7 +478,7 @@ def plot_regime(runs_by_arm: Mapping[str, Sequence[RunRecord]], path: Path, titl
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(title)
-    return _save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 # ---- main ------------------------------------------------------------------------------------------------------

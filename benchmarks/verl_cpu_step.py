@@ -29,8 +29,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from recipe.exgrpo.cpu import CPU_ROLLOUTS  # noqa: E402
 from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets  # noqa: E402
-from recipe.exgrpo.cpu.procs import run_in_new_session  # noqa: E402
+from recipe.exgrpo.cpu.procs import install_termination_handlers, run_in_new_session  # noqa: E402
 from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides  # noqa: E402
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
@@ -112,8 +113,11 @@ def bench(rollout: str, python: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", default="hf,vllm", help="comma-separated: hf, vllm")
+    parser.add_argument(
+        "--rollouts", default=",".join(CPU_ROLLOUTS), help=f"comma-separated: {', '.join(CPU_ROLLOUTS)}"
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")

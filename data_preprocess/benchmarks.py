@@ -39,12 +39,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from data_preprocess import hub
 from data_preprocess.common import (
     PROMPT_STYLE_HELP,
     PROMPT_STYLES,
     PreprocessError,
     Report,
     build_prompt,
+    check_output_dir,
     clean_ground_truth,
     duplicate_ids,
     pick_column,
@@ -228,6 +230,7 @@ def load_benchmark(bench: Benchmark, local_path: str | None) -> tuple[list[dict[
     if local_path:
         path = Path(local_path)
         return read_rows(path), table_columns(path), str(path)
+    hub.prepare("benchmarks")
     try:
         from datasets import load_dataset
 
@@ -235,7 +238,7 @@ def load_benchmark(bench: Benchmark, local_path: str | None) -> tuple[list[dict[
     except Exception as e:
         raise PreprocessError(
             f"{bench.name}: could not load {bench.hub_id} ({bench.hub_config or 'default'}, {bench.hub_split}) "
-            f"from the Hub ({type(e).__name__}: {e}); pass a local file with --input {bench.name}=PATH"
+            f"from the Hub ({type(e).__name__}: {e}); {hub.offline_hint(f'--input {bench.name}=PATH')}"
         ) from e
     return dataset.to_list(), list(dataset.column_names), f"{bench.hub_id} ({bench.hub_split})"
 
@@ -357,10 +360,17 @@ def run(args: argparse.Namespace) -> list[Report]:
     repeat_set = [n.strip() for n in args.repeat_benchmarks.split(",")] if args.repeat_benchmarks else []
     repeats = parse_repeat(args.repeat, repeat_set)
     inputs = parse_inputs(args.input)
+    unused = [f"{name}={path}" for name, path in inputs.items() if name not in names]
+    if unused:
+        raise PreprocessError(
+            f"--input {', '.join(unused)}: not among --benchmarks ({','.join(names)}), so it would not be read: add "
+            "the benchmark to --benchmarks, or drop the --input"
+        )
     system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
     out_dir = Path(args.output_dir)
     if args.combined and not args.combined.endswith(".parquet"):
         raise PreprocessError(f"--combined must name a .parquet file, got {args.combined!r}")
+    check_output_dir(out_dir, "--output-dir")  # before anything is built
     # Build every benchmark before writing any: a later failure must not leave earlier outputs behind.
     reports, outputs, combined = [], [], []
     for name in names:

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -114,7 +115,10 @@ def system_prompt_from_args(name: str | None, path: str | None, style: str = "ch
         return None
     name = "luffy" if name is None else name
     if path:
-        text = Path(path).read_text(encoding="utf-8")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise PreprocessError(f"--system-prompt-file {path}: cannot be read ({_reason(e)})") from e
         if not text.strip():
             raise PreprocessError(f"--system-prompt-file {path} is empty")
         return text
@@ -154,8 +158,14 @@ def table_columns(path: Path) -> list[str]:
         except (pa.ArrowException, OSError) as e:  # 0 bytes, not parquet, truncated, a directory ...
             raise _unreadable(path, "parquet", e) from e
     names: dict[str, None] = {}
+    rows = 0
     for row in _iter_json_rows(path):
         names.update(dict.fromkeys(row))
+        rows += 1
+    if rows == 0:  # (a 0-byte .json fails to parse and says so above)
+        if path.stat().st_size == 0:
+            raise PreprocessError(f"{path}: the file is empty (0 bytes)")
+        raise PreprocessError(f"{path}: the file holds no rows")
     return list(names)
 
 
@@ -316,11 +326,48 @@ def raise_on_duplicates(dups: Mapping[str, list[int]], source: str, questions: S
 # ------------------------------------------------------------------------------------------- prompt length
 
 
-def load_tokenizer(path: str) -> Any:
-    """A Hugging Face tokenizer from a local directory (or a Hub id when online)."""
+def _reason(e: BaseException) -> str:
+    """An exception in one short line (transformers' messages run over several)."""
+    text = " ".join((getattr(e, "strerror", None) or str(e) or type(e).__name__).split())
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def looks_local(path: str) -> bool:
+    """A filesystem path rather than a Hub id (``org/name``): absolute, ``./``, ``../``, ``~``, more than one ``/``,
+    or present here."""
+    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1 or os.path.exists(path)
+
+
+def check_tokenizer_path(path: str | None, option: str = "--tokenizer") -> None:
+    """Before any work: a local tokenizer path must be a directory holding a tokenizer (a Hub id is tried when the
+    tokenizer is loaded, which ``load_tokenizer`` then reports)."""
+    if not path or not looks_local(path):
+        return
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise PreprocessError(f"{option} {path}: no such directory (give a tokenizer or model directory, or a Hub id)")
+    if not p.is_dir():
+        raise PreprocessError(f"{option} {path}: not a directory (give the tokenizer's or model's directory)")
+    if not any((p / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")):
+        raise PreprocessError(
+            f"{option} {path}: no tokenizer in this directory (tokenizer_config.json / tokenizer.json not found)"
+        )
+
+
+def load_tokenizer(path: str, option: str = "--tokenizer", tag: str = "preprocess") -> Any:
+    """A Hugging Face tokenizer from a local directory (or a Hub id when online); a PreprocessError naming the path
+    when it cannot be loaded."""
+    check_tokenizer_path(path, option)
+    if not looks_local(path):
+        from data_preprocess.hub import prepare
+
+        prepare(tag)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(os.path.expanduser(path))
+    except Exception as e:  # OSError (no such repo, offline), ValueError (no tokenizer class), ...
+        raise PreprocessError(f"{option} {path}: could not load a tokenizer ({_reason(e)})") from e
 
 
 def prompt_token_lengths(
@@ -376,6 +423,40 @@ def verl_row(
     }
 
 
+def _existing_ancestor(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_dir(directory: str | Path, option: str, shown: str | Path | None = None) -> None:
+    """Before any work: ``directory`` exists as a directory we can write in, or can be made (its nearest existing
+    ancestor is a writable directory). Nothing is created. The message names ``shown`` (default: the directory)."""
+    d = Path(directory).expanduser()
+    shown = directory if shown is None else shown
+    base = _existing_ancestor(d)
+    if not base.is_dir():
+        raise PreprocessError(f"{option} {shown}: cannot be written, {base} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as e:
+        raise PreprocessError(
+            f"{option} {shown}: cannot be written, nothing can be created in {base} ({_reason(e)})"
+        ) from e
+
+
+def check_output_file(path: str | Path, option: str) -> None:
+    """Before any work: ``path`` is a .parquet file name whose directory can be written (``check_output_dir``)."""
+    p = Path(path).expanduser()
+    if p.suffix != ".parquet":
+        raise PreprocessError(f"{option} must be a .parquet file, got {path}")
+    if p.is_dir():
+        raise PreprocessError(f"{option} {path}: is a directory")
+    check_output_dir(p.parent, option, shown=path)
+
+
 def write_verl_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Write rows with ``VERL_SCHEMA`` to ``path`` (temporary name, then rename: no half-written file)."""
     return write_verl_parquets([(rows, path)])[0]
@@ -395,18 +476,23 @@ def write_verl_parquets(outputs: Sequence[tuple[Sequence[Mapping[str, Any]], str
     if clashes:
         raise PreprocessError(f"two outputs would be written to the same file: {', '.join(clashes)}")
     temps: list[Path] = []
+    current = paths[0] if paths else None
     try:
         for rows, path in zip((r for r, _ in outputs), paths, strict=True):
+            current = path
             path.parent.mkdir(parents=True, exist_ok=True)
             table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
             temps.append(tmp)
             pq.write_table(table, tmp)
         for tmp, path in zip(temps, paths, strict=True):
+            current = path
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
+        if isinstance(e, (OSError, pa.ArrowException)):  # a full disk, a directory that went away, ...
+            raise PreprocessError(f"cannot write {current} ({_reason(e)})") from e
         raise
     return paths
 

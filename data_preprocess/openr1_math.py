@@ -33,12 +33,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from data_preprocess import hub
 from data_preprocess.common import (
     PROMPT_STYLE_HELP,
     PROMPT_STYLES,
     PreprocessError,
     Report,
     build_prompt,
+    check_output_file,
     clean_ground_truth,
     command_main,
     duplicate_ids,
@@ -89,6 +91,7 @@ def load_input(
             raise PreprocessError(f"input file not found: {input_path}")
         columns = table_columns(Path(input_path))
     else:
+        hub.prepare("openr1_math")
         from datasets import load_dataset
 
         source = f"{hub_id} ({split})"
@@ -96,7 +99,7 @@ def load_input(
             dataset = load_dataset(hub_id, split=split)
         except Exception as e:
             raise PreprocessError(
-                f"could not load {source} from the Hub ({type(e).__name__}: {e}); pass a local file with --input PATH"
+                f"could not load {source} from the Hub ({type(e).__name__}: {e}); {hub.offline_hint('--input PATH')}"
             ) from e
         columns = list(dataset.column_names)
 
@@ -134,6 +137,9 @@ def load_input(
 def run(args: argparse.Namespace) -> Report:
     progress = not args.no_progress
     system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
+    # the paths first: a wrong --tokenizer or an --output that cannot be written must not wait for the grading pass
+    check_output_file(args.output, "--output")
+    tokenizer = load_tokenizer(args.tokenizer, tag="openr1_math") if args.tokenizer else None
     rows, source, shape = load_input(args.input, args.hub_id, args.split, args.question_key, args.answer_key)
     if args.limit:
         rows = rows[: args.limit]
@@ -176,11 +182,9 @@ def run(args: argparse.Namespace) -> Report:
         unique.append({**r, "question_id": qid, "prompt": prompt})
     rows = unique
 
-    if args.tokenizer:
+    if tokenizer is not None:
         template = RAW_CHAT_TEMPLATE if args.prompt_style == "llama_base" else None  # as the launch script
-        lengths = prompt_token_lengths(
-            [r["prompt"] for r in rows], load_tokenizer(args.tokenizer), progress, chat_template=template
-        )
+        lengths = prompt_token_lengths([r["prompt"] for r in rows], tokenizer, progress, chat_template=template)
         too_long = [n > args.max_prompt_tokens for n in lengths]
         report.add(f"dropped: prompt > {args.max_prompt_tokens} tokens", sum(too_long))
         rows = [r for r, long in zip(rows, too_long, strict=True) if not long]

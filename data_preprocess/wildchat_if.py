@@ -38,9 +38,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from data_preprocess import hub
 from data_preprocess.common import (
     PreprocessError,
     Report,
+    check_output_file,
     command_main,
     duplicate_ids,
     load_tokenizer,
@@ -112,6 +114,7 @@ def load_input(args: argparse.Namespace) -> tuple[list[Any], str, str]:
     else:
         if not args.hub_id:
             raise PreprocessError("give --input FILE or --hub-id NAME (a Hugging Face dataset)")
+        hub.prepare("wildchat_if")
         from datasets import load_dataset
 
         source = f"{args.hub_id} ({args.split})"
@@ -119,7 +122,7 @@ def load_input(args: argparse.Namespace) -> tuple[list[Any], str, str]:
             dataset = load_dataset(args.hub_id, split=args.split)
         except Exception as e:
             raise PreprocessError(
-                f"could not load {source} from the Hub ({type(e).__name__}: {e}); pass a local file with --input PATH"
+                f"could not load {source} from the Hub ({type(e).__name__}: {e}); {hub.offline_hint('--input PATH')}"
             ) from e
         columns = list(dataset.column_names)
     column = pick_column(columns, (args.prompt_key,) if args.prompt_key else PROMPT_KEYS, source, "prompt")
@@ -144,6 +147,11 @@ def run(args: argparse.Namespace) -> Report:
     progress = not args.no_progress
     if args.val_output and args.val_size < 1:
         raise PreprocessError(f"--val-size must be >= 1 with --val-output, got {args.val_size}")
+    # the paths first: a wrong --tokenizer or an output that cannot be written must not wait for the reading
+    check_output_file(args.output, "--output")
+    if args.val_output:
+        check_output_file(args.val_output, "--val-output")
+    tokenizer = load_tokenizer(args.tokenizer, tag="wildchat_if") if args.tokenizer else None
     values, source, column = load_input(args)
     if args.limit:
         values = values[: args.limit]
@@ -175,8 +183,8 @@ def run(args: argparse.Namespace) -> Report:
         seen.add(row[2])
         unique.append(row)
 
-    if args.tokenizer and unique:
-        lengths = prompt_token_lengths([m for _, m, _ in unique], load_tokenizer(args.tokenizer), progress)
+    if tokenizer is not None and unique:
+        lengths = prompt_token_lengths([m for _, m, _ in unique], tokenizer, progress)
         too_long = [n > args.max_prompt_tokens for n in lengths]
         report.add(f"dropped: prompt > {args.max_prompt_tokens} tokens", sum(too_long))
         unique = [r for r, long in zip(unique, too_long, strict=True) if not long]

@@ -21,7 +21,8 @@ __all__ = ["experience_group_rows", "group_ids", "group_relative_advantages", "t
 ArrayLike = np.ndarray | torch.Tensor | Sequence[Any]
 
 
-def _to_numpy_1d(name: str, values: ArrayLike) -> np.ndarray:
+def to_numpy_1d(name: str, values: ArrayLike) -> np.ndarray:
+    """``values`` (a tensor or an array-like) as a 1-D numpy array; ``name`` names it in the error otherwise."""
     arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one value per row), got shape {arr.shape}")
@@ -33,7 +34,7 @@ def group_ids(uids: ArrayLike) -> tuple[np.ndarray, int]:
     if not isinstance(uids, np.ndarray | torch.Tensor):
         # An object array keeps each uid as it is: np.asarray([1, "1"]) would turn 1 into "1" and merge groups.
         uids = np.fromiter(uids, dtype=object) if not isinstance(uids, str) else uids
-    arr = _to_numpy_1d("uids", uids)
+    arr = to_numpy_1d("uids", uids)
     if arr.dtype == object:
         try:
             _, inverse = np.unique(arr, return_inverse=True)
@@ -65,7 +66,7 @@ def group_relative_advantages(
 
     One-member groups and groups whose rewards are all equal get exactly 0 (no learning signal).
     """
-    r = _to_numpy_1d("scores", scores).astype(np.float64)
+    r = to_numpy_1d("scores", scores).astype(np.float64)
     if not np.all(np.isfinite(r)):
         raise ValueError(f"scores must be finite; got non-finite values at rows {np.flatnonzero(~np.isfinite(r))[:10]}")
     if epsilon < 0:
@@ -122,7 +123,7 @@ def experience_group_rows(uids: ArrayLike, replay_mask: ArrayLike) -> np.ndarray
     weight_terms=True, experience_group_mask=...)``.
     """
     inverse, n_groups = group_ids(uids)
-    replay = _to_numpy_1d("replay_mask", replay_mask).astype(bool)
+    replay = to_numpy_1d("replay_mask", replay_mask).astype(bool)
     if replay.size != inverse.size:
         raise ValueError(f"replay_mask has {replay.size} rows but uids has {inverse.size}")
     if inverse.size == 0:

@@ -12,14 +12,13 @@ disagree, and the decisions marked OUR CHOICE there (each one has a switch here)
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import difflib
-import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from exgrpo.checks import ConfigError, check_bool, check_choice, check_float, check_int, collecting, fail
 
 __all__ = ["ConfigError", "ExGRPOConfig"]
 
@@ -35,85 +34,15 @@ TRAJECTORY_MODE_CHOICES = ("min", "max")
 FRESH_CLIP_CHOICES = ("released", "always", "never")
 #: exgrpo.loss_scale: verl's global normaliser (ours) or each data-parallel rank's token sum / L_max (released).
 LOSS_SCALE_CHOICES = ("global", "per_rank")
-#: exgrpo.reward_mode: 0/1 rewards bucketed by success count (the paper's main method) or real-valued rewards
-#: bucketed by their normalised within-group spread (the paper's reward-model extension, docs/algorithm.md §13).
-REWARD_MODE_CHOICES = ("binary", "continuous")
-#: exgrpo.continuous_start: what replaces the binary pass rate of the delayed start in continuous mode.
-CONTINUOUS_START_CHOICES = ("steps", "mean_reward")
 #: exgrpo.replay_reward: the replayed member is re-scored by the reward function / model (as every member) or
 #: keeps the reward stored with it at collection.
 REPLAY_REWARD_CHOICES = ("rescore", "stored")
-#: Keys that only the continuous mode reads: a value other than the default in binary mode is an error (it would
-#: do nothing).
-CONTINUOUS_ONLY_KEYS = (
-    "spread_epsilon",
-    "equal_spread",
-    "flat_std",
-    "retire_mean_reward",
-    "continuous_members",
-    "member_threshold",
-    "continuous_start",
-    "continuous_start_steps",
-    "continuous_start_reward",
-)
-
 #: Keys of earlier versions that no longer exist, with what replaced them (a clearer error than "unknown key").
 REMOVED_KEYS = {
     "entropy_token_budget": "the candidates are now scored inside verl's old-log-prob pass, which batches by "
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (dynamic batch size) or "
     "log_prob_micro_batch_size_per_gpu; remove the key",
 }
-
-
-class ConfigError(ValueError):
-    """Wrong ``exgrpo.*`` values or keys; each problem names its key and the allowed range.
-
-    ``problems``: one line per problem. The message is that line when there is one, else a numbered list.
-    """
-
-    def __init__(self, problems: str | Sequence[str]) -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} problems in the exgrpo config:\n" + "\n".join(
-                f"  {i}. {p}" for i, p in enumerate(self.problems, 1)
-            )
-        super().__init__(message)
-
-
-# While validating, the checks append their problems here instead of raising at the first one.
-_PROBLEMS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("exgrpo_config_problems", default=None)
-
-
-@contextlib.contextmanager
-def _collecting() -> Iterator[list[str]]:
-    """Collect every problem found in the block and raise one ConfigError listing them all at its end. A
-    ConfigError raised directly in the block (a check that cannot go on) joins the problems found before it.
-    Nested blocks share the outermost list."""
-    outer = _PROBLEMS.get()
-    if outer is not None:
-        yield outer
-        return
-    problems: list[str] = []
-    token = _PROBLEMS.set(problems)
-    try:
-        yield problems
-    except ConfigError as e:
-        problems.extend(p for p in e.problems if p not in problems)
-    finally:
-        _PROBLEMS.reset(token)
-    if problems:
-        raise ConfigError(problems)
-
-
-def _fail(message: str) -> bool:
-    """Report one problem: collected inside ``_collecting``, raised outside it. Returns False (check failed)."""
-    problems = _PROBLEMS.get()
-    if problems is None:
-        raise ConfigError(message)
-    problems.append(message)
-    return False
 
 
 @dataclass
@@ -135,8 +64,6 @@ class ExGRPOConfig:
     replay_ratio: float = 0.5
     #: Linear ramp of rho from 0 to replay_ratio over this many steps after the switch (0 = constant rho).
     replay_ratio_ramp_steps: int = 0
-    #: tau: mixed mode starts after the first step whose batch pass rate is > tau; negative = mixed from step 1.
-    delayed_start_threshold: float = 0.35
 
     # --- pool and collection (§2, §3)
     #: A group with bucket_lbound < k <= bucket_rbound successes enters the pool.
@@ -208,33 +135,54 @@ class ExGRPOConfig:
     #: non-finite norms are skipped). The release uses 500 (at its loss scale, see loss_scale).
     skip_grad_norm_above: float | None = None
 
-    # --- reward mode (§13): continuous rewards, buckets from the normalised within-group reward spread
+    # --- reward mode (§3, §9, §13): a registered strategy (exgrpo.modes) that owns its own keys
     #: 'binary' (0/1 rewards, buckets = success counts: the paper's main method) or 'continuous' (real-valued
-    #: rewards, e.g. a reward model: buckets = round(σ̃·K) of the normalised within-group reward spread).
+    #: rewards, e.g. a reward model: buckets = round(σ̃·K) of the normalised within-group reward spread); any mode
+    #: registered in exgrpo.modes.
     reward_mode: str = "binary"
-    #: ε of σ̃ = max((σ − σ_min)/(σ_max − σ_min), ε), in (0, 1]; None means 1/K, where the formula lands on bucket 1.
-    spread_epsilon: float | None = None
-    #: σ̃ of every group when all the step's groups have the same σ (a single group too): max (1) | mid (½) | min (0).
-    equal_spread: str = "max"
-    #: A group whose reward std is <= this (reward units) is flat: no spread, all advantages 0 (the binary 0/K, K/K).
-    flat_std: float = 0.0
-    #: A flat group whose mean reward is >= this retires (the binary K/K); None = never retire (OUR CHOICE).
-    retire_mean_reward: float | None = None
-    #: Fresh members stored from a non-flat group: above_mean | top_1 | above_threshold (registry in
-    #: exgrpo.experience.continuous).
-    continuous_members: str = "above_mean"
-    #: Reward a member needs under continuous_members=above_threshold (reward units).
-    member_threshold: float | None = None
-    #: Delayed start in continuous mode: 'steps' (mixed after continuous_start_steps steps; OUR CHOICE) or
-    #: 'mean_reward' (after the first step whose mean reward is > continuous_start_reward).
-    continuous_start: str = "steps"
-    #: Steps before mixed mode under continuous_start=steps (0 = mixed from step 1).
-    continuous_start_steps: int = 0
-    #: tau in reward units under continuous_start=mean_reward (required there).
-    continuous_start_reward: float | None = None
     #: The replayed member's reward: 'rescore' (scored again by the reward function/model, as every member) or
     #: 'stored' (the reward recorded with it at collection).
     replay_reward: str = "rescore"
+    #: The values of the keys the reward modes own (exgrpo.modes: the binary mode's delayed_start_threshold, the
+    #: continuous mode's spread_epsilon, ...), by key, every registered mode's key present. They are keys of the
+    #: same flat ``exgrpo:`` block and read as attributes (``cfg.delayed_start_threshold``).
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        defaults = _option_defaults()
+        unknown = sorted(set(self.options) - set(defaults))
+        if unknown:
+            raise ConfigError(f"unknown reward-mode key(s) {unknown}; the registered modes read {sorted(defaults)}")
+        object.__setattr__(self, "options", {**defaults, **self.options})
+
+    def __getattr__(self, name: str) -> Any:
+        # only called when the normal lookup fails: a reward mode's key
+        if name.startswith("__") or name == "options":
+            raise AttributeError(name)
+        options = self.__dict__.get("options")
+        if options is not None and name in options:
+            return options[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        options = self.__dict__.get("options")
+        if options is not None and name in options and name not in _FIELD_NAMES:
+            options[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @property
+    def mode(self) -> Any:
+        """The registered class of ``reward_mode`` (``exgrpo.modes``)."""
+        from exgrpo.modes import get_reward_mode
+
+        return get_reward_mode(self.reward_mode)
+
+    @classmethod
+    def key_names(cls) -> list[str]:
+        """Every key of the ``exgrpo:`` block: this class's fields and the registered reward modes' keys."""
+        own = [f.name for f in dataclasses.fields(cls) if f.name != "options"]
+        return own + [key for key in _option_defaults() if key not in own]
 
     # ----------------------------------------------------------------------------------------------- derived
     @property
@@ -242,12 +190,6 @@ class ExGRPOConfig:
         """Upper collection bound with None resolved to K-1."""
         assert self.k is not None, "exgrpo.k is not set"
         return self.k - 1 if self.bucket_rbound is None else self.bucket_rbound
-
-    @property
-    def resolved_spread_epsilon(self) -> float:
-        """ε of the normalised spread with None resolved to 1/K."""
-        assert self.k is not None, "exgrpo.k is not set"
-        return 1.0 / self.k if self.spread_epsilon is None else float(self.spread_epsilon)
 
     @property
     def resolved_sigma(self) -> float:
@@ -265,65 +207,60 @@ class ExGRPOConfig:
         d = {} if d is None else d
         if not isinstance(d, Mapping):
             raise ConfigError(f"exgrpo must be a mapping of keys to values, got {type(d).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        with _collecting():
+        names = cls.key_names()
+        own = {f.name for f in dataclasses.fields(cls)} - {"options"}
+        with collecting():
             for key in d:
                 if key in REMOVED_KEYS:
-                    _fail(f"exgrpo.{key} was removed: {REMOVED_KEYS[key]}")
+                    fail(f"exgrpo.{key} was removed: {REMOVED_KEYS[key]}")
             unknown = [str(key) for key in d if key not in names and key not in REMOVED_KEYS]
             if unknown:
                 msgs = []
                 for key in unknown:
                     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
                     msgs.append(f"exgrpo.{key}" + (f" (did you mean exgrpo.{close[0]}?)" if close else ""))
-                _fail(f"unknown key(s) {', '.join(msgs)}; allowed keys: {', '.join(names)}")
-            cfg = cls(**{key: value for key, value in d.items() if key in names})
+                fail(f"unknown key(s) {', '.join(msgs)}; allowed keys: {', '.join(names)}")
+            options = {key: value for key, value in d.items() if key in names and key not in own}
+            cfg = cls(**{key: value for key, value in d.items() if key in own}, options=options)
             if k is not None:
                 cfg.k = k
             cfg.validate()  # the known keys' values are checked too, and reported with the unknown keys
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON/YAML-serialisable); ``from_dict(to_dict())`` round-trips."""
-        return dataclasses.asdict(self)
+        """Plain flat dict of every key (JSON/YAML-serialisable); ``from_dict(to_dict())`` round-trips."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+        out.update(self.options)
+        return out
 
     # ------------------------------------------------------------------------------------------- validation
     def validate(self) -> ExGRPOConfig:
         """Check every range; raises one :class:`ConfigError` listing every problem, each naming ``exgrpo.<key>``.
         Returns self."""
-        with _collecting():
+        with collecting():
             self._validate()
         return self
 
     def _validate(self) -> None:
-        _check_bool(self.enable, "enable")
+        check_bool(self.enable, "enable")
         if self.k is None:
-            k_ok = _fail(
+            k_ok = fail(
                 "exgrpo.k (the rollout group size K, actor_rollout_ref.rollout.n) must be set; "
                 "pass it as ExGRPOConfig.from_dict(d, k=K)"
             )
         else:
-            k_ok = _check_int(self.k, "k", lo=2, hint="K >= 2: a group needs two rollouts for a relative advantage")
-        _check_int(self.seed, "seed", lo=0)
-        _check_float(self.replay_ratio, "replay_ratio", lo=0.0, hi=1.0, hi_open=True)
-        _check_int(self.replay_ratio_ramp_steps, "replay_ratio_ramp_steps", lo=0, hint="0 = constant rho")
-        _check_float(self.readd_retired_fraction, "readd_retired_fraction", lo=0.0, hi=1.0, hint="0 = off")
-        _check_int(self.readd_retired_every, "readd_retired_every", lo=1)
-        _check_float(
-            self.delayed_start_threshold,
-            "delayed_start_threshold",
-            hi=1.0,
-            hi_open=True,
-            hint="a pass rate never exceeds 1, so tau >= 1 would never start mixed mode; "
-            "negative means mixed from step 1; use exgrpo.enable=false for plain GRPO",
-        )
-
+            k_ok = check_int(self.k, "k", lo=2, hint="K >= 2: a group needs two rollouts for a relative advantage")
+        check_int(self.seed, "seed", lo=0)
+        check_float(self.replay_ratio, "replay_ratio", lo=0.0, hi=1.0, hi_open=True)
+        check_int(self.replay_ratio_ramp_steps, "replay_ratio_ramp_steps", lo=0, hint="0 = constant rho")
+        check_float(self.readd_retired_fraction, "readd_retired_fraction", lo=0.0, hi=1.0, hint="0 = off")
+        check_int(self.readd_retired_every, "readd_retired_every", lo=1)
         if k_ok:  # the bucket bounds are checked against K
             k = self.k
             assert k is not None
-            bounds_ok = _check_int(self.bucket_lbound, "bucket_lbound", lo=0, hi=k - 2)
+            bounds_ok = check_int(self.bucket_lbound, "bucket_lbound", lo=0, hi=k - 2)
             if self.bucket_rbound is not None:
-                bounds_ok &= _check_int(
+                bounds_ok &= check_int(
                     self.bucket_rbound,
                     "bucket_rbound",
                     lo=1,
@@ -331,20 +268,20 @@ class ExGRPOConfig:
                     hint="k = K retires the question, so at most K-1; null means K-1",
                 )
             if bounds_ok and self.bucket_lbound >= self.resolved_rbound:
-                _fail(
+                fail(
                     f"exgrpo.bucket_lbound ({self.bucket_lbound}) must be < exgrpo.bucket_rbound "
                     f"({self.resolved_rbound}): a group enters the pool when lbound < k <= rbound"
                 )
-        _check_bool(self.count_replayed_in_k, "count_replayed_in_k")
-        _check_choice(self.zero_success, "zero_success", ZERO_SUCCESS_CHOICES)
-        _check_choice(self.collect_from, "collect_from", COLLECT_FROM_CHOICES)
-        _check_bool(self.retire_fresh_prompts, "retire_fresh_prompts")
+        check_bool(self.count_replayed_in_k, "count_replayed_in_k")
+        check_choice(self.zero_success, "zero_success", ZERO_SUCCESS_CHOICES)
+        check_choice(self.collect_from, "collect_from", COLLECT_FROM_CHOICES)
+        check_bool(self.retire_fresh_prompts, "retire_fresh_prompts")
         if self.max_entries_per_question is not None:
-            _check_int(self.max_entries_per_question, "max_entries_per_question", lo=1, hint="null = no cap")
+            check_int(self.max_entries_per_question, "max_entries_per_question", lo=1, hint="null = no cap")
         if self.max_total_tokens is not None:
-            _check_int(self.max_total_tokens, "max_total_tokens", lo=1, hint="null = no cap")
-        _check_choice(self.pool_storage, "pool_storage", POOL_STORAGE_CHOICES)
-        _check_choice(self.resume_pool, "resume_pool", RESUME_POOL_CHOICES)
+            check_int(self.max_total_tokens, "max_total_tokens", lo=1, hint="null = no cap")
+        check_choice(self.pool_storage, "pool_storage", POOL_STORAGE_CHOICES)
+        check_choice(self.resume_pool, "resume_pool", RESUME_POOL_CHOICES)
 
         # The registries are consulted here, at validation time, so that a newly registered weighting/metric is
         # accepted. Their modules import nothing of the config (no import cycle); importing them here rather than at
@@ -352,10 +289,10 @@ class ExGRPOConfig:
         from exgrpo.experience.trajectory_metrics import TRAJECTORY_METRICS
         from exgrpo.experience.weightings import BUCKET_WEIGHTINGS
 
-        _check_choice(self.weighting, "weighting", tuple(BUCKET_WEIGHTINGS))
-        _check_float(self.mu, "mu", lo=0.0, hi=1.0, hint="accuracy units k/K")
+        check_choice(self.weighting, "weighting", tuple(BUCKET_WEIGHTINGS))
+        check_float(self.mu, "mu", lo=0.0, hi=1.0, hint="accuracy units k/K")
         if self.sigma is not None:
-            _check_float(
+            check_float(
                 self.sigma,
                 "sigma",
                 lo=0.0,
@@ -363,29 +300,29 @@ class ExGRPOConfig:
                 hint="accuracy units; null means 1/K (the released code's 1 success)",
             )
 
-        _check_choice(self.trajectory_metric, "trajectory_metric", tuple(TRAJECTORY_METRICS))
-        _check_choice(self.trajectory_mode, "trajectory_mode", TRAJECTORY_MODE_CHOICES)
+        check_choice(self.trajectory_metric, "trajectory_metric", tuple(TRAJECTORY_METRICS))
+        check_choice(self.trajectory_mode, "trajectory_mode", TRAJECTORY_MODE_CHOICES)
         if self.max_candidates_per_question is not None:
-            _check_int(
+            check_int(
                 self.max_candidates_per_question,
                 "max_candidates_per_question",
                 lo=1,
                 hint="null = score every stored trajectory",
             )
-        _check_int(self.diversity_ngram, "diversity_ngram", lo=1)
+        check_int(self.diversity_ngram, "diversity_ngram", lo=1)
 
         from exgrpo.objective.shaping import SHAPING_REGISTRY
 
-        _check_choice(self.shaping, "shaping", tuple(SHAPING_REGISTRY))
-        _check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)
-        _check_bool(self.is_correction, "is_correction")
-        _check_choice(self.fresh_clip, "fresh_clip", FRESH_CLIP_CHOICES)
-        _check_bool(self.dual_clip, "dual_clip")
-        _check_bool(self.weight_terms_by_ratio, "weight_terms_by_ratio")
-        _check_choice(self.loss_scale, "loss_scale", LOSS_SCALE_CHOICES)
+        check_choice(self.shaping, "shaping", tuple(SHAPING_REGISTRY))
+        check_float(self.shaping_beta, "shaping_beta", lo=0.0, lo_open=True)
+        check_bool(self.is_correction, "is_correction")
+        check_choice(self.fresh_clip, "fresh_clip", FRESH_CLIP_CHOICES)
+        check_bool(self.dual_clip, "dual_clip")
+        check_bool(self.weight_terms_by_ratio, "weight_terms_by_ratio")
+        check_choice(self.loss_scale, "loss_scale", LOSS_SCALE_CHOICES)
         self._validate_reward_mode()
         if self.skip_grad_norm_above is not None:
-            _check_float(
+            check_float(
                 self.skip_grad_norm_above,
                 "skip_grad_norm_above",
                 lo=0.0,
@@ -394,102 +331,31 @@ class ExGRPOConfig:
             )
 
     def _validate_reward_mode(self) -> None:
-        """The continuous mode's keys (docs/algorithm.md §13); in binary mode they must keep their defaults."""
-        _check_choice(self.replay_reward, "replay_reward", REPLAY_REWARD_CHOICES)
-        if not _check_choice(self.reward_mode, "reward_mode", REWARD_MODE_CHOICES):
+        """The reward mode (a registered one) and its keys; a key only other modes read must keep its default."""
+        from exgrpo.modes import REWARD_MODES, option_owners
+
+        check_choice(self.replay_reward, "replay_reward", REPLAY_REWARD_CHOICES)
+        if not check_choice(self.reward_mode, "reward_mode", tuple(REWARD_MODES)):
             return
-        if self.reward_mode == "binary":
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for key in CONTINUOUS_ONLY_KEYS:
-                if getattr(self, key) != defaults[key]:
-                    _fail(
-                        f"exgrpo.{key}={getattr(self, key)!r} applies only with exgrpo.reward_mode=continuous "
-                        f"(this run is binary); set exgrpo.reward_mode=continuous or remove exgrpo.{key}"
-                    )
-            return
-        if self.delayed_start_threshold != ExGRPOConfig.delayed_start_threshold:
-            _fail(
-                f"exgrpo.delayed_start_threshold={self.delayed_start_threshold!r} is the binary pass rate's tau and "
-                "does nothing with exgrpo.reward_mode=continuous: use exgrpo.continuous_start=mean_reward with "
-                "exgrpo.continuous_start_reward (reward units), or exgrpo.continuous_start=steps with "
-                "exgrpo.continuous_start_steps"
+        mode = REWARD_MODES[self.reward_mode]
+        defaults = _option_defaults()
+        for key, value in self.options.items():
+            if key in mode.options or value == defaults[key]:
+                continue
+            owners = option_owners(key)
+            fail(
+                mode.foreign_option_problem(key, value)
+                or f"exgrpo.{key}={value!r} applies only with exgrpo.reward_mode={' or '.join(owners)} (this run is "
+                f"{self.reward_mode}); set exgrpo.reward_mode={owners[0]} or remove exgrpo.{key}"
             )
-        if self.spread_epsilon is not None:
-            _check_float(self.spread_epsilon, "spread_epsilon", lo=0.0, hi=1.0, lo_open=True, hint="null means 1/K")
-        from exgrpo.experience.continuous import CONTINUOUS_MEMBER_RULES, EQUAL_SPREAD_CHOICES
-
-        _check_choice(self.equal_spread, "equal_spread", tuple(EQUAL_SPREAD_CHOICES))
-        _check_float(self.flat_std, "flat_std", lo=0.0, hint="reward units; 0 = only exactly equal rewards are flat")
-        if self.retire_mean_reward is not None:
-            _check_float(self.retire_mean_reward, "retire_mean_reward", hint="reward units; null = never retire")
-        if _check_choice(self.continuous_members, "continuous_members", tuple(CONTINUOUS_MEMBER_RULES)):
-            needs = CONTINUOUS_MEMBER_RULES.tag(self.continuous_members, "needs_threshold", False)
-            if self.member_threshold is not None:
-                _check_float(self.member_threshold, "member_threshold", hint="reward units")
-            elif needs:
-                _fail(
-                    f"exgrpo.continuous_members={self.continuous_members} needs exgrpo.member_threshold (the reward "
-                    "a stored member must reach, in reward units)"
-                )
-        if _check_choice(self.continuous_start, "continuous_start", CONTINUOUS_START_CHOICES):
-            _check_int(self.continuous_start_steps, "continuous_start_steps", lo=0, hint="0 = mixed from step 1")
-            if self.continuous_start_reward is not None:
-                _check_float(self.continuous_start_reward, "continuous_start_reward", hint="reward units")
-            elif self.continuous_start == "mean_reward":
-                _fail(
-                    "exgrpo.continuous_start=mean_reward needs exgrpo.continuous_start_reward: mixed mode starts "
-                    "after the first step whose mean reward exceeds it (reward units)"
-                )
+        mode.validate(self)
 
 
-# ------------------------------------------------------------------------------------------------- helpers
-# Each check reports through ``_fail`` (collected during validation) and returns whether the value is valid.
-def _check_bool(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        return _fail(f"exgrpo.{key} must be true or false, got {value!r}")
-    return True
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(ExGRPOConfig))
 
 
-def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
-    left = "-inf" if lo is None else f"{lo}"
-    right = "inf" if hi is None else f"{hi}"
-    return f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
+def _option_defaults() -> dict[str, Any]:
+    """Every registered reward mode's keys and defaults (the modes import nothing of this module)."""
+    from exgrpo.modes import option_defaults
 
-
-def _check_int(value: Any, key: str, lo: int | None = None, hi: int | None = None, hint: str = "") -> bool:
-    rng = _range_text(lo, hi, False, False)
-    extra = f" ({hint})" if hint else ""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return _fail(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        return _fail(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
-    return True
-
-
-def _check_float(
-    value: Any,
-    key: str,
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    hi_open: bool = False,
-    hint: str = "",
-) -> bool:
-    rng = _range_text(lo, hi, lo_open, hi_open)
-    extra = f" ({hint})" if hint else ""
-    msg = f"exgrpo.{key} must be a number in {rng}{extra}, got {value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return _fail(msg)
-    if lo is not None and (value < lo or (lo_open and value == lo)):
-        return _fail(msg)
-    if hi is not None and (value > hi or (hi_open and value == hi)):
-        return _fail(msg)
-    return True
-
-
-def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> bool:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return _fail(f"exgrpo.{key} must be one of {list(choices)}, got {value!r}{hint}")
-    return True
+    return option_defaults()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from exgrpo.advantage import ArrayLike, _to_numpy_1d, group_ids
+from exgrpo.advantage import ArrayLike, group_ids, to_numpy_1d
 
 __all__ = ["group_signal_metrics"]
 
@@ -62,9 +62,9 @@ def group_signal_metrics(
     - ``replayed_member_adv_share``: the replayed members' share of Σ|A| over the batch;
     - ``replay_group_adv_share``: the replay groups' share of Σ|A| (stored members plus their fresh siblings).
     """
-    r = _to_numpy_1d("scores", scores).astype(np.float64)
-    adv = np.abs(_to_numpy_1d("advantages", advantages).astype(np.float64))
-    replay = _to_numpy_1d("replay_mask", replay_mask).astype(bool)
+    r = to_numpy_1d("scores", scores).astype(np.float64)
+    adv = np.abs(to_numpy_1d("advantages", advantages).astype(np.float64))
+    replay = to_numpy_1d("replay_mask", replay_mask).astype(bool)
     inverse, n_groups = group_ids(uids)
     for name, arr in (("advantages", adv), ("replay_mask", replay), ("uids", inverse)):
         if arr.size != r.size:

@@ -8,19 +8,21 @@ after the switch (an extension; default off = constant rho).
 Order within a training step ``t``: draw with ``replay_ratio(t)`` (0 before mixed mode), train, collect with
 ``mixed`` as it was for step ``t``, then ``update(t, pass_rate)``: a switch takes effect from step ``t + 1``.
 
-In the continuous reward mode (docs/algorithm.md §13) the pass rate has no meaning; the start signal is then
-``steps`` (mixed mode after a number of steps, 0 = from step 1) or ``mean_reward`` (the first step whose batch mean
-reward exceeds a threshold in reward units). ``update`` takes the step's signal value either way (the batch mean
-reward in continuous mode, recorded as ``last_pass_rate``), so the saved state has the same keys in both modes.
+What the delayed start watches is the reward mode's (``exgrpo.modes``: ``schedule_settings`` and ``start_signal``):
+the batch pass rate in the binary mode; in the continuous reward mode (docs/algorithm.md §13), where the pass rate
+has no meaning, ``steps`` (mixed mode after a number of steps, 0 = from step 1) or ``mean_reward`` (the first step
+whose batch mean reward exceeds a threshold in reward units). ``update`` takes the step's signal value either way
+(recorded as ``last_pass_rate``), so the saved state has the same keys in every mode.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+# the modes' start signals, importable from here as well
+from exgrpo.modes.binary import batch_pass_rate
+from exgrpo.modes.continuous import batch_mean_reward
 
 if TYPE_CHECKING:
     from exgrpo.config import ExGRPOConfig
@@ -29,22 +31,6 @@ __all__ = ["START_SIGNALS", "ExperienceSchedule", "batch_mean_reward", "batch_pa
 
 #: What the delayed start watches: the batch pass rate (binary mode), the batch mean reward or the step count.
 START_SIGNALS = ("pass_rate", "mean_reward", "steps")
-
-
-def batch_pass_rate(rewards: Iterable[float] | np.ndarray | Any) -> float:
-    """Share of responses with reward 1 among all B*K responses of the step (§9)."""
-    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
-    if r.size == 0:
-        raise ValueError("batch_pass_rate needs at least one reward")
-    return float(np.count_nonzero(r >= 1.0) / r.size)
-
-
-def batch_mean_reward(rewards: Iterable[float] | np.ndarray | Any) -> float:
-    """Mean reward of all B*K responses of the step: the continuous mode's start signal (docs/algorithm.md §13)."""
-    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
-    if r.size == 0:
-        raise ValueError("batch_mean_reward needs at least one reward")
-    return float(r.mean())
 
 
 def replay_count(batch_size: int, replay_ratio: float) -> int:
@@ -93,16 +79,8 @@ class ExperienceSchedule:
 
     @classmethod
     def from_config(cls, cfg: ExGRPOConfig) -> ExperienceSchedule:
-        if cfg.reward_mode == "continuous":
-            reward = cfg.continuous_start_reward
-            return cls(
-                cfg.replay_ratio,
-                threshold=0.0 if reward is None else float(reward),
-                ramp_steps=cfg.replay_ratio_ramp_steps,
-                signal=cfg.continuous_start,
-                start_steps=cfg.continuous_start_steps,
-            )
-        return cls(cfg.replay_ratio, threshold=cfg.delayed_start_threshold, ramp_steps=cfg.replay_ratio_ramp_steps)
+        """The schedule of a validated config: its reward mode says what starts mixed mode."""
+        return cls(cfg.replay_ratio, ramp_steps=cfg.replay_ratio_ramp_steps, **cfg.mode.schedule_settings(cfg))
 
     def update(self, step: int, pass_rate: float) -> bool:
         """Record this step's start signal (the batch pass rate; the mean reward in continuous mode); returns True

@@ -19,14 +19,23 @@
 #   MODEL_PATH    tokenizer for the 1024-token prompt filter of the training set (unset: no filter)
 #   PROMPT_STYLE  chat (default) or llama_base
 #   PARTS         comma list of train, valid, eval (default: all three)
-#   DATA_ROOT     default data (relative to the repository)
-#   PYTHON        default python
+#   DATA_ROOT     where the files go (default data, relative to the repository); the training and evaluation
+#                 scripts then need TRAIN_FILE, VAL_FILE (and DATA_DIR for scripts/eval) pointed there
+#   PYTHON        default: an activated environment's python, else the checkout's .venv, else python on PATH (the
+#                 first that has the packages; scripts/lib/python.sh); the script says which
 #   DRY_RUN       1: print the commands only
 # The sets come from the Hugging Face Hub (datasets.load_dataset; GPQA is gated: accept its terms and log in with
-# `hf auth login`). Without the Hub, run the commands below by hand with --input NAME=FILE (docs/rewards_and_data.md).
+# `hf auth login`). The script asks once whether the Hub answers; when it does not (or with HF_HUB_OFFLINE=1) every
+# command reads only the local Hugging Face cache. Without the Hub, run the commands below by hand with
+# --input NAME=FILE (docs/rewards_and_data.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PYTHON="${PYTHON:-python}"
+# shellcheck source=scripts/lib/python.sh
+source scripts/lib/python.sh
+needs=(pyarrow tqdm math_verify datasets)
+[[ -z "${MODEL_PATH:-}" ]] || needs+=(transformers)
+EXGRPO_PICK_SOFT="$([[ "${DRY_RUN:-0}" == 1 ]] && echo 1 || echo 0)" exgrpo_pick_python "$PWD" prepare_data \
+  "bash scripts/setup_env.sh builds .venv with them" "${needs[@]}"
 ROOT="${DATA_ROOT:-data}"
 STYLE="${PROMPT_STYLE:-chat}"
 PARTS=",${PARTS:-train,valid,eval},"
@@ -41,6 +50,13 @@ run() {
   echo "+ $*" >&2
   [[ "${DRY_RUN:-0}" == 1 ]] || "$@"
 }
+
+# One question to the Hub for all the commands (each would otherwise retry for ~24 s before failing offline).
+if [[ "${DRY_RUN:-0}" != 1 && -z "${HF_HUB_OFFLINE:-}" ]] && ! "$PYTHON" -m data_preprocess.hub; then
+  export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+  echo "[prepare_data] every command reads only the local Hugging Face cache (HF_HUB_OFFLINE=1); a set it does not" \
+    "hold stops with what to pass instead (--input NAME=FILE, docs/rewards_and_data.md)" >&2
+fi
 
 if [[ "$PARTS" == *,train,* ]]; then
   tokenizer=()

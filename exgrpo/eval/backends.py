@@ -12,21 +12,45 @@ import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from exgrpo.eval.generate import SamplingSettings
+from typing import Any, Protocol
 
 __all__ = [
     "BACKENDS",
     "Completion",
     "GenerationBackend",
+    "SamplingSettings",
     "HFBackend",
     "VLLMBackend",
     "build_backend",
     "library_versions",
     "package_version",
 ]
+
+
+@dataclass
+class SamplingSettings:
+    """The protocol's sampling (docs/algorithm.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
+
+    n_samples: None follows the protocol (32 samples per AIME24/AIME25/AMC question, split over the question's
+    repeated rows, so test_id.parquet — already repeated 32x — gets one sample per row); an int is the number of
+    samples per row for every benchmark.
+    """
+
+    temperature: float = 0.6
+    top_p: float = 1.0
+    max_new_tokens: int = 8192
+    seed: int = 0
+    n_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n_samples is not None and self.n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1 or None (protocol), got {self.n_samples}")
 
 
 @dataclass

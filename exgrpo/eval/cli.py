@@ -22,10 +22,11 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from exgrpo.eval.backends import BACKENDS, GenerationBackend, build_backend, library_versions
+from exgrpo.eval.backends import BACKENDS, GenerationBackend, library_versions
+from exgrpo.eval.config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS, EvalConfig
 from exgrpo.eval.generate import (
     TEMPLATES,
     EvalRow,
@@ -37,7 +38,6 @@ from exgrpo.eval.generate import (
     file_sha256,
     generate_to_jsonl,
     generation_fingerprint,
-    load_benchmark_rows,
     plan_samples,
     read_generations,
 )
@@ -63,115 +63,6 @@ from exgrpo.eval.report import (
     write_report,
 )
 
-DEFAULT_BATCH_SIZE = {"hf": 8, "vllm": 2048}
-
-
-@dataclass
-class EvalConfig:
-    """Everything one evaluation run needs; the CLI fills it from flags, tests and scripts build it directly."""
-
-    model: str
-    data: list[str]
-    out_dir: str
-    backend: str = "vllm"
-    label: str | None = None
-    prompt_format: PromptFormat = field(default_factory=PromptFormat)
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    batch_size: int | None = None  # sequences per generation call; default per backend
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1  # engine replicas, one process each on its own GPUs (exgrpo.eval.parallel)
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    dtype: str = "auto"
-    device: str | None = None
-    data_sources: list[str] | None = None
-    max_questions_per_source: int | None = None
-    max_rows: int | None = None
-    grader: str = DEFAULT_GRADER
-    grading: str = DEFAULT_GRADING  # "paper" (final-evaluation rule) or "reward" (the training reward's rule)
-    think_gate: bool = True  # only with grading="reward"
-    grader_timeout_s: float = 10.0
-    reference: str = "table1"
-    reference_file: str | None = None
-    plot: bool = True
-    overwrite: bool = False
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
-            raise ValueError(
-                f"tensor_parallel_size and data_parallel_size must be >= 1, got {self.tensor_parallel_size}, "
-                f"{self.data_parallel_size}"
-            )
-        if self.grading not in GRADING_MODES:
-            raise ValueError(f"grading must be one of {GRADING_MODES}, got {self.grading!r}")
-        if self.reference not in REFERENCE_CHOICES:
-            raise ValueError(f"reference must be one of {REFERENCE_CHOICES}, got {self.reference!r}")
-        if not self.data:
-            raise ValueError("no benchmark parquet given (data)")
-        stems = [pathlib.Path(d).stem for d in self.data]
-        dup = sorted({s for s in stems if stems.count(s) > 1})
-        if dup:
-            raise ValueError(f"data files must have distinct names (generations are stored per name): {dup}")
-
-    @property
-    def out(self) -> pathlib.Path:
-        return pathlib.Path(self.out_dir)
-
-    def resolved_label(self) -> str:
-        """``label``, else from the model path: ``exp/global_step_500/merged_hf`` -> ``exp/global_step_500``."""
-        if self.label:
-            return self.label
-        parts = [p for p in pathlib.Path(self.model.rstrip("/")).parts if p not in ("/", "")]
-        while len(parts) > 1 and parts[-1] in ("huggingface", "hf", "merged_hf", "actor"):
-            parts.pop()
-        if not parts:
-            return self.model
-        step_like = parts[-1].startswith(("global_step_", "checkpoint-", "step_"))
-        return "/".join(parts[-2:] if step_like and len(parts) > 1 else parts[-1:])
-
-    def generation_path(self, data: str) -> pathlib.Path:
-        return self.out / "generations" / f"{pathlib.Path(data).stem}.jsonl"
-
-    def score_path(self, data: str) -> pathlib.Path:
-        return self.out / "scores" / f"{pathlib.Path(data).stem}.jsonl"
-
-    def load_rows(self, data: str) -> list[EvalRow]:
-        return load_benchmark_rows(
-            data,
-            data_sources=self.data_sources,
-            max_questions_per_source=self.max_questions_per_source,
-            max_rows=self.max_rows,
-        )
-
-    def build_backend(self) -> GenerationBackend:
-        """The generation backend this run asks for (on this process's devices)."""
-        return build_backend(
-            self.backend,
-            self.model,
-            self.sampling,
-            device=self.device,
-            dtype=self.dtype,
-            tensor_parallel_size=self.tensor_parallel_size,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["data"] = [str(pathlib.Path(p).resolve()) for p in self.data]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EvalConfig:
-        d = dict(d)
-        d["prompt_format"] = PromptFormat(**d.get("prompt_format", {}))
-        d["sampling"] = SamplingSettings(**d.get("sampling", {}))
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
-
 
 def _run_file(cfg: EvalConfig) -> pathlib.Path:
     return cfg.out / "run.json"
@@ -183,7 +74,7 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
     With ``data_parallel_size`` > 1 (and no ``backend`` given) the work is split over that many engine replicas,
     one process each on its own GPUs (``exgrpo.eval.parallel``)."""
     rows = {data: cfg.load_rows(data) for data in cfg.data}  # bad files or filters stop here, before anything
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(cfg.out)
     stores, fingerprints = {}, {}
     for data in cfg.data:  # open every store before the model loads: a settings mismatch stops early
         fingerprints[data] = generation_fingerprint(
@@ -237,13 +128,30 @@ MERGE_COMMAND = (
 )
 
 
+def make_out_dir(out: pathlib.Path, option: str = "--out") -> None:
+    """Create the output directory, or say in one line why it cannot be."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{option} {out}: cannot create the directory ({e.strerror or e})") from e
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {out}: the directory is not writable")
+
+
 def check_model_dir(model: str) -> None:
-    """A local model directory must hold weights. verl's ``global_step_N/actor/huggingface`` holds only the config
-    and tokenizer with the default checkpoint contents: say how to merge the FSDP shards instead of failing deep in
-    the engine."""
-    path = pathlib.Path(model)
+    """A local model directory must exist and hold weights. verl's ``global_step_N/actor/huggingface`` holds only the
+    config and tokenizer with the default checkpoint contents: say how to merge the FSDP shards instead of failing
+    deep in the engine. A Hub id (``org/name``) is left to the backend."""
+    path = pathlib.Path(model).expanduser()
+    local = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1  # a Hub id is "org/name"
+    if not path.exists() and local:
+        raise FileNotFoundError(
+            f"--model {model}: no such directory (a Hugging Face model directory with weights, or a Hub id)"
+        )
+    if path.exists() and not path.is_dir():
+        raise FileNotFoundError(f"--model {model}: not a directory (give the model's Hugging Face directory)")
     if not path.is_dir():
-        return  # a Hub id, or a path the backend reports itself
+        return  # a Hub id: the backend loads (or reports) it
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
         return
     message = f"{model} holds no model weights (*.safetensors / *.bin)"
@@ -422,9 +330,17 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
         sys_group.add_argument(
             "--keep-system-prompt", action="store_true", help="keep the dataset's system message (not the paper's)"
         )
-        p.add_argument("--temperature", type=float, default=0.6)
-        p.add_argument("--top-p", type=float, default=1.0)
-        p.add_argument("--max-new-tokens", type=int, default=8192)
+        p.add_argument(
+            "--temperature", type=float, default=0.6, help="sampling temperature (default 0.6, the protocol's)"
+        )
+        p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0, the protocol's: off)")
+        p.add_argument(
+            "--max-new-tokens",
+            type=int,
+            default=None,
+            help=f"tokens generated per answer at most (default: {DEFAULT_MAX_NEW_TOKENS['vllm']}, the protocol's, "
+            f"with vllm; {DEFAULT_MAX_NEW_TOKENS['hf']} with hf, the CPU backend, whose tables then mark the run ‡)",
+        )
         p.add_argument(
             "--n-samples",
             type=int,
@@ -432,7 +348,12 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
             help="samples per row (default: protocol — 32 per AIME24/AIME25/AMC question split over its repeated "
             "rows, 1 elsewhere)",
         )
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--seed",
+            type=int,
+            default=0,
+            help="sampling seed (default 0; vLLM seeds each row's request with it and the row, hf each batch)",
+        )
         p.add_argument("--batch-size", type=int, help="sequences per generation call (default: hf 8, vllm 2048)")
         p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM tensor parallel size (GPUs)")
         p.add_argument(
@@ -503,7 +424,7 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
         sampling=SamplingSettings(
             temperature=a.temperature,
             top_p=a.top_p,
-            max_new_tokens=a.max_new_tokens,
+            max_new_tokens=DEFAULT_MAX_NEW_TOKENS[a.backend] if a.max_new_tokens is None else a.max_new_tokens,
             seed=a.seed,
             n_samples=a.n_samples,
         ),
@@ -533,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return _main(a)
-    except (ValueError, FileNotFoundError, ImportError, ResumeMismatchError, RuntimeError) as e:
+    except (ValueError, OSError, ImportError, ResumeMismatchError, RuntimeError) as e:
         # configuration and data problems: one clear line instead of a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -566,6 +487,7 @@ def _main(a: argparse.Namespace) -> int:
         reference = _reference(a.reference, a.reference_file)
         print(render_markdown(loaded, reference), end="")
         if a.out:
+            make_out_dir(pathlib.Path(a.out))
             paths = write_report(loaded, a.out, reference, plot=not a.no_plot)
             print("\n".join(f"{k}: {v}" for k, v in paths.items()), file=sys.stderr)
         return 0

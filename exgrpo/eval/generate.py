@@ -19,13 +19,11 @@ import pathlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from exgrpo.eval.backends import GenerationBackend, SamplingSettings
 from exgrpo.eval.metrics import canonical_benchmark, protocol_samples_per_question
 from exgrpo.prompts import llama_base_prompt
-
-if TYPE_CHECKING:
-    from exgrpo.eval.backends import GenerationBackend
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 
@@ -103,7 +101,16 @@ def load_benchmark_rows(
         if max_rows is not None and len(rows) >= max_rows:
             break
     if not rows:
-        raise ValueError(f"{path}: no rows left (data_sources={data_sources}, max_rows={max_rows})")
+        counts: dict[str, int] = {}
+        for src in sources:
+            counts[str(src)] = counts.get(str(src), 0) + 1
+        present = ", ".join(f"{src} ({n} rows)" for src, n in sorted(counts.items())) or "none: the file has no rows"
+        if wanted is not None:
+            raise ValueError(
+                f"{path}: no rows left: --data-sources {' '.join(data_sources)} matches none of its data sources "
+                f"(present: {present})"
+            )
+        raise ValueError(f"{path}: no rows left (max_rows={max_rows}; data sources present: {present})")
     return rows
 
 
@@ -175,32 +182,6 @@ def chat_template_sha(tokenizer: Any) -> str | None:
 
 
 # --- sampling and the sample plan ----------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingSettings:
-    """The protocol's sampling (docs/algorithm.md §12): T = 0.6, top-p 1.0, 8192 new tokens.
-
-    n_samples: None follows the protocol (32 samples per AIME24/AIME25/AMC question, split over the question's
-    repeated rows, so test_id.parquet — already repeated 32x — gets one sample per row); an int is the number of
-    samples per row for every benchmark.
-    """
-
-    temperature: float = 0.6
-    top_p: float = 1.0
-    max_new_tokens: int = 8192
-    seed: int = 0
-    n_samples: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.n_samples is not None and self.n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1 or None (protocol), got {self.n_samples}")
 
 
 def plan_samples(rows: Sequence[EvalRow], n_samples: int | None = None) -> dict[int, int]:

@@ -227,7 +227,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 def replica_main(spec_file: str) -> int:
     """One replica: build the backend on this process's GPUs and generate the spec's share into its shards."""
-    from exgrpo.eval.cli import DEFAULT_BATCH_SIZE, EvalConfig
+    from exgrpo.eval.config import DEFAULT_BATCH_SIZE, EvalConfig
     from exgrpo.eval.generate import generate_to_jsonl
 
     spec = ReplicaSpec.from_json(pathlib.Path(spec_file).read_text(encoding="utf-8"))

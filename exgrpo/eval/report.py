@@ -15,6 +15,7 @@ import math
 import os
 import pathlib
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,7 +147,7 @@ class EvalResults:
 
     def table_row(self) -> TableRow:
         values: dict[str, float | None] = {k: None for k in COLUMN_KEYS}
-        values.update({b: s for b, s in self.scores().items() if b in values})
+        values.update(self.scores())  # benchmarks outside the paper's columns too (shown after them)
         partial = set()
         for name, avg in self.averages().items():
             values[name] = avg.value
@@ -254,9 +255,59 @@ def merge_by_label(results: Sequence[EvalResults]) -> list[EvalResults]:
 # --- tables --------------------------------------------------------------------------------------------------
 
 
+def _measures_paper_columns(row: TableRow) -> bool:
+    return any(row.values.get(k) is not None for k in COLUMN_KEYS)
+
+
+def _measured_only_other_benchmarks(ours: Sequence[TableRow]) -> bool:
+    """Our rows measured something, and nothing of it is a column of the paper's table (another data set)."""
+    measured = any(v is not None for row in ours for v in row.values.values())
+    return measured and not any(_measures_paper_columns(row) for row in ours)
+
+
 def table_rows(results: Sequence[EvalResults], reference: str | Sequence[TableRow] | None = "table1") -> list[TableRow]:
-    """The paper's reference rows followed by ours (one per label)."""
-    return reference_rows(reference) + [r.table_row() for r in merge_by_label(results)]
+    """The paper's reference rows followed by ours (one per label). When ours measured none of the paper's
+    benchmarks, the paper's rows are left out: they would share no column with ours."""
+    ours = [r.table_row() for r in merge_by_label(results)]
+    refs = [] if _measured_only_other_benchmarks(ours) else reference_rows(reference)
+    return refs + ours
+
+
+def extra_columns(rows: Sequence[TableRow]) -> list[str]:
+    """Benchmarks our rows measured that are not columns of the paper's table (e.g. ``data_source`` values of
+    another data set), in name order: tables and charts show them after the paper's columns."""
+    return sorted({k for row in rows if not row.reference for k in row.values if k not in HEADERS})
+
+
+def table_columns(rows: Sequence[TableRow]) -> list[str]:
+    """The paper's columns, then the benchmarks outside them that our rows measured; only the latter when no row
+    has a value in the paper's columns."""
+    extras = extra_columns(rows)
+    if extras and not any(_measures_paper_columns(row) for row in rows):
+        return extras
+    return [*COLUMN_KEYS, *extras]
+
+
+def _header(key: str) -> str:
+    return HEADERS.get(key, key)
+
+
+def columns_note(rows: Sequence[TableRow], reference: str | Sequence[TableRow] | None = None) -> list[str]:
+    """Lines under a table whose rows measured benchmarks outside the paper's columns."""
+    extras = extra_columns(rows)
+    if not extras:
+        return []
+    ours = [row for row in rows if not row.reference]
+    if _measured_only_other_benchmarks(ours):
+        left_out = ""
+        if reference_rows(reference):
+            name = reference.replace("table", "Table ") if isinstance(reference, str) else "reference"
+            left_out = f", without the paper's {name} rows"
+        return [
+            f"None of the evaluated benchmarks ({', '.join(extras)}) is a column of the paper's table: the table "
+            f"shows what was measured{left_out}."
+        ]
+    return [f"Not columns of the paper's table (no reference values, not in the averages): {', '.join(extras)}."]
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -272,26 +323,30 @@ def render_markdown(
 ) -> str:
     """A Markdown table in the paper's column order: reference rows, then ours in bold; plus details."""
     rows = table_rows(results, reference)
+    columns = table_columns(rows)
     lines = [
-        "| Model | " + " | ".join(HEADERS[k] for k in COLUMN_KEYS) + " |",
-        "|---" * (len(COLUMN_KEYS) + 1) + "|",
+        "| Model | " + " | ".join(_header(k) for k in columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
     ]
     for row in rows:
         cells = []
-        for k in COLUMN_KEYS:
+        for k in columns:
             cell = _fmt(row.values.get(k), digits)
             if k in row.partial:
                 cell += PARTIAL_MARK
             cells.append(cell)
         name = row.name if row.reference else f"**{row.display_name}**"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    note = columns_note(rows, reference)
+    if note:
+        lines += ["", *note]
     if any(row.partial for row in rows):
         lines += ["", PARTIAL_NOTE]
     caveated = [row for row in rows if row.caveats]
     if caveated:
         lines += ["", f"{CAVEAT_MARK} not the full protocol:"]
         lines += [f"- {row.name}: " + "; ".join(row.caveats) for row in caveated]
-    if isinstance(reference, str) and reference != "none":
+    if isinstance(reference, str) and reference != "none" and any(row.reference for row in rows):
         lines += ["", f"Reference rows: paper {reference.replace('table', 'Table ')} (arXiv 2510.02245 v2)."]
     if details:
         for r in merge_by_label(results):
@@ -358,13 +413,15 @@ def write_table_csv(
 ) -> pathlib.Path:
     """The Markdown table's rows as CSV (one row per model, the paper's columns)."""
     path = pathlib.Path(path)
+    rows = table_rows(results, reference)
+    columns = table_columns(rows)
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["model", "source", *(HEADERS[k] for k in COLUMN_KEYS), "partial_averages", "caveats"])
-        for row in table_rows(results, reference):
+        w.writerow(["model", "source", *(_header(k) for k in columns), "partial_averages", "caveats"])
+        for row in rows:
             w.writerow(
                 [row.name, "paper" if row.reference else "ours"]
-                + ["" if row.values.get(k) is None else row.values[k] for k in COLUMN_KEYS]
+                + ["" if row.values.get(k) is None else row.values[k] for k in columns]
                 # the averages taken over fewer benchmarks than the paper's ("OOD Avg"), and the run's caveats
                 + [";".join(HEADERS[k] for k in COLUMN_KEYS if k in row.partial), "; ".join(row.caveats)]
             )
@@ -459,15 +516,21 @@ def plot_bar_chart(
     all_rows = table_rows(results, reference)
     ours = [r for r in all_rows if not r.reference]
     refs = [r for r in all_rows if r.reference]
-    cols = [k for k in COLUMN_KEYS if any(r.values.get(k) is not None for r in ours)] or list(COLUMN_KEYS)
+    # what our rows measured (benchmarks outside the paper's columns included); all the paper's columns without ours
+    measured = [k for k in table_columns(all_rows) if any(r.values.get(k) is not None for r in ours)]
+    cols = measured or list(COLUMN_KEYS)
     panels = reference_panels(refs, max_reference_rows) if refs else [[]]
     bars = max(len(p) for p in panels) + len(ours)
     width = 0.8 / max(bars, 1)
     plot_w = min(11.0, max(6.0, len(cols) * (0.45 + 0.16 * bars)))
     notes = []
+    if any(k not in HEADERS for k in cols):
+        notes += columns_note(all_rows, reference)
     if any(r.partial for r in ours):
         notes.append(PARTIAL_NOTE)
     notes += [f"{CAVEAT_MARK} {r.name}: " + "; ".join(r.caveats) for r in ours if r.caveats]
+    # one line per note as long as it fits the figure's width (about 15 characters per inch at font size 7)
+    notes = [line for note in notes for line in textwrap.wrap(note, width=int((plot_w + 3.6) * 15))]
     fig_h = 2.9 * len(panels) + 0.7 + 0.22 * len(notes)
     fig, axes = plt.subplots(len(panels), 1, figsize=(plot_w + 3.6, fig_h), squeeze=False)
     ref_cmap, ours_cmap = plt.get_cmap("tab10"), plt.get_cmap("Dark2")
@@ -490,7 +553,7 @@ def plot_bar_chart(
                 labels = [f"{v:.1f}" + (PARTIAL_MARK if k in row.partial else "") for _, k, v in pts]
                 ax.bar_label(drawn, labels=labels, fontsize=6, rotation=90, padding=2)
         ax.set_xticks(range(len(cols)))
-        ax.set_xticklabels([HEADERS[k] for k in cols], rotation=30, ha="right", fontsize=8)
+        ax.set_xticklabels([_header(k) for k in cols], rotation=30, ha="right", fontsize=8)
         for j, k in enumerate(cols):
             if k in AVERAGES:
                 ax.axvline(j - 0.5, color="grey", linewidth=0.6, linestyle=":")
@@ -499,7 +562,8 @@ def plot_bar_chart(
         ax.set_ylim(0, 118)
         ax.set_yticks(range(0, 101, 20))
         ax.tick_params(axis="y", labelsize=7)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if ax.get_legend_handles_labels()[0]:  # a panel with nothing measured in its columns draws no legend
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.suptitle(title or DEFAULT_TITLE, fontsize=10, y=1 - 0.1 / fig_h, va="top")
     bottom = (0.12 + 0.22 * len(notes)) / fig_h
     for i, note in enumerate(notes):

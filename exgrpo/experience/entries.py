@@ -6,7 +6,10 @@ slots, oldest first. The table hands out the slots the token storage is addresse
 log so that the oldest entries are found without sorting the pool (the ``max_total_tokens`` cap).
 
 It owns ``entries.arrow`` (one row per live entry, in entry-id order, question indices into a compact question
-table that goes into the header).
+table that goes into the header). Beside the saved columns it keeps, in memory only, each entry's count of masked
+tokens (the tokens its loss mask marks as not the model's: derived from the token file on load, never saved), so
+that the pool knows which trajectories carry a mask without reading their tokens; that column exists from the
+first masked entry on (a pool of single-turn trajectories holds nothing more than before).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ ENTRY_SCHEMA = pa.schema([(name, pa.from_numpy_dtype(np.dtype(dt))) for name, dt
 @dataclass
 class EntryBatch:
     """New entries waiting to be stored together (one collect call): per entry its question index, entry id,
-    token ids (int32), log-probs (float32), reward and step."""
+    token ids (int32), stored log-probs (float32, NaN on masked tokens), reward, step and masked-token count."""
 
     questions: list[int] = field(default_factory=list)
     entry_ids: list[int] = field(default_factory=list)
@@ -45,17 +48,29 @@ class EntryBatch:
     log_probs: list[np.ndarray] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    masked: list[int] = field(default_factory=list)
 
-    def append(self, qi: int, entry_id: int, ids: np.ndarray, lps: np.ndarray, reward: float, step: int) -> None:
+    def append(
+        self, qi: int, entry_id: int, ids: np.ndarray, lps: np.ndarray, reward: float, step: int, masked: int = 0
+    ) -> None:
         self.questions.append(qi)
         self.entry_ids.append(entry_id)
         self.token_ids.append(ids)
         self.log_probs.append(lps)
         self.rewards.append(reward)
         self.steps.append(step)
+        self.masked.append(masked)
 
     def clear(self) -> None:
-        for rows in (self.questions, self.entry_ids, self.token_ids, self.log_probs, self.rewards, self.steps):
+        for rows in (
+            self.questions,
+            self.entry_ids,
+            self.token_ids,
+            self.log_probs,
+            self.rewards,
+            self.steps,
+            self.masked,
+        ):
             rows.clear()
 
     def lengths(self) -> np.ndarray:
@@ -73,6 +88,8 @@ class EntryTable:
 
     def clear(self) -> None:
         self.columns: dict[str, np.ndarray] = {name: np.zeros(0, dtype=dt) for name, dt in COLUMNS.items()}
+        self._masked: np.ndarray | None = None  # per slot: masked tokens, from the first masked entry on
+        self.total_masked = 0
         self._free: list[int] = []  # free slots (stack)
         self._n_slots = 0  # slots ever handed out (high-water mark)
         self._qindex: dict[QuestionId, int] = {}
@@ -151,10 +168,13 @@ class EntryTable:
         c["length"][slots] = lengths
         c["reward"][slots] = batch.rewards
         c["step"][slots] = batch.steps
+        if self._masked is not None or any(batch.masked):
+            self._masked_column()[slots] = batch.masked
         for qi, s in zip(batch.questions, slots.tolist(), strict=True):
             self._slots_of[qi].append(s)
         self.num_entries += n
         self.total_tokens += int(lengths.sum())
+        self.total_masked += int(sum(batch.masked))
         self._log_append(slots, np.asarray(batch.entry_ids, dtype=np.int64))
         return slots
 
@@ -166,6 +186,8 @@ class EntryTable:
             grown[:cap] = arr
             self.columns[name] = grown
         self.columns["entry_id"][cap:] = -1
+        if self._masked is not None:
+            self._masked = np.concatenate([self._masked, np.zeros(new_cap - self._masked.shape[0], dtype=np.int32)])
 
     def release(self, slot: int) -> int:
         """Free a slot (the caller has taken it off its question's list); returns its token count."""
@@ -174,6 +196,9 @@ class EntryTable:
         self._free.append(slot)
         self.num_entries -= 1
         self.total_tokens -= n
+        if self._masked is not None:
+            self.total_masked -= int(self._masked[slot])
+            self._masked[slot] = 0
         if self._log_on:
             self._log_dead += 1
             if self._log_dead > self.num_entries and self._log_dead > 1024:
@@ -246,8 +271,30 @@ class EntryTable:
         out, self._slots_of[qi] = self._slots_of[qi], []
         return out
 
+    # ------------------------------------------------------------------ masked tokens (in memory only)
+    def _masked_column(self) -> np.ndarray:
+        if self._masked is None:
+            self._masked = np.zeros(self.capacity, dtype=np.int32)
+        return self._masked
+
+    def masked(self, slot: int) -> int:
+        """Masked tokens of the entry in ``slot`` (0: every token is the model's)."""
+        return 0 if self._masked is None else int(self._masked[slot])
+
+    def set_masked(self, slots: np.ndarray, counts: np.ndarray) -> None:
+        """The masked-token counts of ``slots`` (after a load: the token storage counts them in its file)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if self._masked is None and not counts.any():
+            return
+        column = self._masked_column()
+        self.total_masked += int(counts.sum()) - int(column[slots].sum())
+        column[slots] = counts
+
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.columns.values()) + self._log_slot.nbytes + self._log_eid.nbytes
+        columns = sum(a.nbytes for a in self.columns.values())
+        if self._masked is not None:
+            columns += self._masked.nbytes
+        return columns + self._log_slot.nbytes + self._log_eid.nbytes
 
     # ------------------------------------------------------------------ state
     def slots_in_entry_order(self) -> np.ndarray:

@@ -2,8 +2,10 @@
 
 A file is written through :func:`write_arrow`, which computes the CRC-32 of the bytes on their way to disk (a save
 reads nothing back); :func:`map_verified` memory-maps a file and checks its size and whole-file CRC-32 against
-the record the header kept before Arrow parses a byte of it. Every failure is a :class:`PoolCheckpointError`
-naming the file.
+the record the header kept before Arrow parses a byte of it (the load); :func:`open_verified` checks the same
+record by reading the file through one small buffer and hands it back for streaming (the pool inspector, whose
+memory must not grow with the token file). Both apply the same checks. Every failure is a
+:class:`PoolCheckpointError` naming the file.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["PoolCheckpointError", "map_verified", "open_ipc", "write_arrow"]
+__all__ = ["PoolCheckpointError", "map_verified", "open_ipc", "open_verified", "write_arrow"]
 
 
 class PoolCheckpointError(RuntimeError):
@@ -63,9 +65,8 @@ def write_arrow(path: pathlib.Path, schema: pa.Schema, batches: Iterator[pa.Reco
     return {"bytes": sink.size, "crc32": sink.crc}
 
 
-def map_verified(path: pathlib.Path, record: Any) -> tuple[pa.MemoryMappedFile, pa.Buffer]:
-    """Memory-map a data file and check its size and whole-file CRC-32 against ``record`` (from the header).
-    The caller closes the map; Arrow then reads batches zero-copy from it."""
+def _check_record(path: pathlib.Path, record: Any) -> None:
+    """The header's record of ``path`` is well formed, the file exists and has the recorded size."""
     if (
         not isinstance(record, dict)
         or not isinstance(record.get("bytes"), int)
@@ -79,6 +80,17 @@ def map_verified(path: pathlib.Path, record: Any) -> tuple[pa.MemoryMappedFile, 
         raise PoolCheckpointError(
             f"{path}: truncated or modified: the header records {record['bytes']} bytes, found {size}"
         )
+
+
+def _check_crc(path: pathlib.Path, crc: int, record: dict[str, Any]) -> None:
+    if crc != record["crc32"]:
+        raise PoolCheckpointError(f"{path}: checksum mismatch (corrupt file)")
+
+
+def map_verified(path: pathlib.Path, record: Any) -> tuple[pa.MemoryMappedFile, pa.Buffer]:
+    """Memory-map a data file and check its size and whole-file CRC-32 against ``record`` (from the header).
+    The caller closes the map; Arrow then reads batches zero-copy from it."""
+    _check_record(path, record)
     source = None
     try:
         source = pa.memory_map(str(path), "r")
@@ -88,14 +100,57 @@ def map_verified(path: pathlib.Path, record: Any) -> tuple[pa.MemoryMappedFile, 
         if source is not None:
             source.close()
         raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
-    if crc != record["crc32"]:
+    try:
+        _check_crc(path, crc, record)
+    except PoolCheckpointError:
         source.close()
-        raise PoolCheckpointError(f"{path}: checksum mismatch (corrupt file)")
+        raise
     return source, buf
 
 
-def open_ipc(path: pathlib.Path, buf: pa.Buffer, schema: pa.Schema) -> pa.ipc.RecordBatchFileReader:
-    """An Arrow IPC reader over a verified buffer, with exactly the expected columns."""
+#: Bytes read per call while :func:`open_verified` checks a file (one reused buffer).
+VERIFY_CHUNK_BYTES = 1 << 23
+
+
+def open_verified(path: pathlib.Path, record: Any, *, chunk_bytes: int = VERIFY_CHUNK_BYTES) -> pa.NativeFile:
+    """Open a data file for streaming: its size and whole-file CRC-32 are checked against ``record`` by reading it
+    through one reused buffer of ``chunk_bytes`` (nothing is mapped, so memory stays at that buffer however large
+    the file), then the same open file is handed back at offset 0 for Arrow to read batch by batch. Holding one file
+    descriptor from the check to the last read means a save that replaces the directory meanwhile cannot slip other
+    bytes in. The caller closes it."""
+    _check_record(path, record)
+    try:
+        raw = open(path, "rb")  # closed by the caller, through the Arrow file
+    except OSError as e:
+        raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
+    try:
+        buf = bytearray(chunk_bytes)
+        view = memoryview(buf)
+        crc, size = 0, 0
+        while True:
+            n = raw.readinto(buf)
+            if not n:
+                break
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+        if size != record["bytes"]:  # changed since the size check
+            raise PoolCheckpointError(
+                f"{path}: truncated or modified: the header records {record['bytes']} bytes, read {size}"
+            )
+        _check_crc(path, crc, record)
+        raw.seek(0)
+        return pa.PythonFile(raw, mode="r")
+    except OSError as e:
+        raw.close()
+        raise PoolCheckpointError(f"{path}: unreadable: {e}") from e
+    except BaseException:
+        raw.close()
+        raise
+
+
+def open_ipc(path: pathlib.Path, buf: pa.Buffer | pa.NativeFile, schema: pa.Schema) -> pa.ipc.RecordBatchFileReader:
+    """An Arrow IPC reader over a verified buffer (or a file :func:`open_verified` opened), with exactly the
+    expected columns."""
     try:
         reader = pa.ipc.open_file(buf)
     except (pa.ArrowException, OSError) as e:

@@ -39,7 +39,7 @@ from exgrpo.experience.selection import (
     TrajectorySelector,
     selection_metrics,
 )
-from exgrpo.schedule import ExperienceSchedule, batch_mean_reward, batch_pass_rate
+from exgrpo.schedule import ExperienceSchedule
 
 POOL_SUBDIR = "pool"
 
@@ -76,7 +76,9 @@ class ExperienceManager:
         if cfg.k is None:
             raise ValueError("ExGRPOConfig.k (the group size, rollout.n) must be set before building the manager")
         self.cfg = cfg
-        self.pool = ExperiencePool.from_config(cfg)
+        #: the reward mode (``exgrpo.modes``): collection rules, start signal, reward figures
+        self.mode = cfg.mode.from_config(cfg)
+        self.pool = ExperiencePool.from_config(cfg, mode=self.mode)
         self.sampler = BucketSampler.from_config(cfg)
         self.selector = TrajectorySelector.from_config(cfg)
         self.schedule = ExperienceSchedule.from_config(cfg)
@@ -185,27 +187,21 @@ class ExperienceManager:
         return metrics
 
     def observe_rewards(self, rewards: Any, step: int) -> bool:
-        """Delayed-start check (§9) with this step's rewards (every member of every group): the batch pass rate in
-        binary mode, the batch mean reward in continuous mode (§13). True when mixed mode switched on now."""
-        if self.cfg.reward_mode == "continuous":
-            value = batch_mean_reward(rewards)
-            switched = self.schedule.update(step, value)
-            if switched:
-                why = (
-                    f"{self.schedule.start_steps} step(s) done"
-                    if self.schedule.signal == "steps"
-                    else f"batch mean reward {value:.4g} > {self.schedule.threshold:g}"
-                )
-                print(f"[exgrpo] step {step}: {why}: mixed mode on")
-            return switched
-        return self.observe_pass_rate(batch_pass_rate(rewards), step)
+        """Delayed-start check (§9) with this step's rewards (every member of every group), on the reward mode's
+        signal (the batch pass rate in the binary mode, §13's in the continuous one). True when mixed mode switched
+        on now."""
+        return self.observe_signal(self.mode.start_signal(rewards), step)
 
-    def observe_pass_rate(self, pass_rate: float, step: int) -> bool:
-        """Delayed-start check (§9) with this step's batch pass rate; True when mixed mode switched on now."""
-        switched = self.schedule.update(step, pass_rate)
+    def observe_signal(self, value: float, step: int) -> bool:
+        """Delayed-start check (§9) with this step's value of the mode's start signal; True when mixed mode switched
+        on now."""
+        switched = self.schedule.update(step, value)
         if switched:
-            print(f"[exgrpo] step {step}: batch pass rate {pass_rate:.3f} > {self.schedule.threshold}: mixed mode on")
+            print(self.mode.switch_message(step, value, self.schedule))
         return switched
+
+    # the binary mode's name of the same call (its signal is the batch pass rate)
+    observe_pass_rate = observe_signal
 
     def readd_retired(self, step: int) -> list[QuestionId]:
         """The "retired questions re-added" ablation (paper Table 6): every ``readd_retired_every`` steps,

@@ -8,8 +8,9 @@ Layout of a saved directory (e.g. ``global_step_N/exgrpo/pool/`` next to verl's 
                     content, and last "sha256": the SHA-256 of the file's bytes written without that key
     entries.arrow   Arrow IPC file, one row per stored trajectory in entry-id order:
                     entry_id, question (index into the header's table), length, reward, step
-    tokens.arrow    Arrow IPC file, record batches of (token_ids int32, behaviour_log_probs float32);
-                    each batch holds the tokens of a contiguous run of entries (<= 4M tokens)
+    tokens.arrow    Arrow IPC file, record batches of (token_ids int32, behaviour_log_probs float32; NaN on
+                    the tokens a loss mask marks as not the model's); each batch holds the tokens of a
+                    contiguous run of entries (<= 4M tokens)
 
 Every byte of the directory is covered by a checksum: the header by the SHA-256 it carries, each data file by the
 CRC-32 the header records, checked before Arrow parses the file. A damaged, truncated or missing file, or
@@ -21,6 +22,11 @@ aside to ``.NAME.old-*``, then deleted), so a crash mid-save leaves the previous
 the two renames leaves no ``NAME`` but a complete ``.NAME.old-*``: loading finds and verifies that copy (the last
 committed state) and says so. The next successful save deletes such leftovers (``.NAME.tmp-*`` / ``.NAME.old-*``).
 The same format serves both token-store layouts (arena and per-entry).
+
+Schema versions: 2 for a pool whose every stored token is the model's (byte for byte what the code before loss
+masks wrote, and what it reads); 3 for a pool holding masked tokens (multi-turn trajectories: the token file's
+record then says ``loss_mask``: the encoding and the count of masked tokens), which that code refuses instead of
+reading the NaNs as log-probs. Both are read.
 """
 
 from __future__ import annotations
@@ -34,18 +40,27 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from exgrpo.experience.files import PoolCheckpointError
-from exgrpo.experience.pool import DATA_FILES, ExperiencePool
-from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS
+from exgrpo.experience.pool import DATA_FILES, TOKENS_FILE, ExperiencePool
+from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, LOSS_MASK_KEY, read_token_batches
+from exgrpo.modes.base import saved_mode_name
 
 __all__ = [
     "FORMAT",
+    "READ_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
+    "UNMASKED_SCHEMA_VERSION",
     "PoolCheckpointError",
+    "SavedExperience",
     "experience_exists",
     "load_experience",
+    "open_experience",
     "save_experience",
 ]
 
@@ -53,7 +68,11 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "exgrpo-experience"
 # 2: the header carries a SHA-256 of itself; data files are checksummed whole (1: per-batch CRCs, header bare).
-SCHEMA_VERSION = 2
+# 3: as 2, and the token file holds masked tokens (its record's "loss_mask"); written only for such a pool.
+SCHEMA_VERSION = 3
+#: the version of a pool without masked tokens (what the code before loss masks wrote and reads)
+UNMASKED_SCHEMA_VERSION = 2
+READ_SCHEMA_VERSIONS = (UNMASKED_SCHEMA_VERSION, SCHEMA_VERSION)
 HEADER = "header.json"
 
 # header.json is the header's JSON object with one last key, "sha256": the SHA-256 (64 hex digits) of the exact
@@ -119,7 +138,7 @@ def save_experience(
     place. One writer per directory at a time.
     """
     target = pathlib.Path(directory)
-    header: dict[str, Any] = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "saved_at": time.time()}
+    header: dict[str, Any] = {"format": FORMAT, "schema_version": UNMASKED_SCHEMA_VERSION, "saved_at": time.time()}
     for name, comp in (("sampler", sampler), ("selector", selector), ("schedule", schedule)):
         header[name] = None if comp is None else comp.state_dict()
     header["extra"] = {} if extra is None else extra
@@ -137,6 +156,8 @@ def save_experience(
         # The pool writes the files its parts own (entries.arrow, tokens.arrow: streamed batch by batch, one
         # batch of copies in memory at a time) and returns its JSON state and each file's size and CRC-32.
         header["pool"], header["files"] = pool.dump(tmp, batch_tokens=batch_tokens)
+        if LOSS_MASK_KEY in header["files"][TOKENS_FILE]:  # masked tokens: code that cannot read them refuses it
+            header["schema_version"] = SCHEMA_VERSION
         (tmp / HEADER).write_bytes(_encode_header(header))
         if fsync:
             for name in (*header["files"], HEADER):
@@ -171,16 +192,22 @@ def _unframed_header_message(path: pathlib.Path, raw: bytes) -> str:
     if not isinstance(legacy, dict) or legacy.get("format") != FORMAT:
         return f"{path}: unreadable or corrupt header (not a checksummed ExGRPO header)"
     version = legacy.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or "sha256" in legacy or version == SCHEMA_VERSION:
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or "sha256" in legacy
+        or version in READ_SCHEMA_VERSIONS
+    ):
         return f"{damaged}; it names schema_version {version!r}, which this code reads only with its checksum"
+    reads = " and ".join(map(str, READ_SCHEMA_VERSIONS))
     if version > SCHEMA_VERSION:
         return (
-            f"{path}: schema_version {version} is not supported (this code reads {SCHEMA_VERSION}): it was written by "
+            f"{path}: schema_version {version} is not supported (this code reads {reads}): it was written by "
             "a newer version of the recipe; resume with that version"
         )
     return (
-        f"{path}: schema_version {version!r} is not supported (this code reads {SCHEMA_VERSION}, whose header carries "
-        "its own checksum). It was written by an earlier version of the recipe: resume with that version, or move "
+        f"{path}: schema_version {version!r} is not supported (this code reads {reads}, whose headers carry "
+        "their own checksum). It was written by an earlier version of the recipe: resume with that version, or move "
         "the checkpoint's exgrpo/ folder aside and set exgrpo.resume_pool=empty to resume verl's state with an empty "
         "pool"
     )
@@ -215,13 +242,22 @@ def _read_header(path: pathlib.Path) -> dict[str, Any]:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise PoolCheckpointError(f"{path}: not an ExGRPO experience header (format tag {FORMAT!r} missing)")
     version = header.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READ_SCHEMA_VERSIONS or isinstance(version, bool):
         raise PoolCheckpointError(
-            f"{path}: schema_version {version!r} is not supported (this code reads {SCHEMA_VERSION})"
+            f"{path}: schema_version {version!r} is not supported (this code reads "
+            f"{' and '.join(map(str, READ_SCHEMA_VERSIONS))})"
         )
     for key, kind in (("pool", dict), ("files", dict), ("extra", dict)):
         if not isinstance(header.get(key), kind):
             raise PoolCheckpointError(f"{path}: header lacks the {key!r} section")
+    tokens = header["files"].get(TOKENS_FILE)
+    has_mask = isinstance(tokens, dict) and LOSS_MASK_KEY in tokens
+    if has_mask != (version == SCHEMA_VERSION):
+        raise PoolCheckpointError(
+            f"{path}: schema_version {version} "
+            + ("requires" if version == SCHEMA_VERSION else "cannot have")
+            + f" a {LOSS_MASK_KEY!r} record for {TOKENS_FILE} (the pool's masked tokens); the header is inconsistent"
+        )
     return header
 
 
@@ -251,6 +287,24 @@ def _resolve(directory: pathlib.Path) -> pathlib.Path:
     raise PoolCheckpointError(f"{directory}: no saved experience directory{hint}")
 
 
+def _inconsistent(d: pathlib.Path, e: Exception) -> PoolCheckpointError:
+    """The error for a header whose content does not fit the data files (a duplicated id ...), naming the header."""
+    return PoolCheckpointError(
+        f"{d / HEADER}: inconsistent with {' / '.join(DATA_FILES)} of {d}: {type(e).__name__}: {e}"
+    )
+
+
+def _load_pool(
+    d: pathlib.Path, pool: ExperiencePool, meta: dict[str, Any], files: dict[str, Any], tokens: bool
+) -> None:
+    try:  # every file is verified against its checksum before it is parsed (PoolCheckpointError naming it)
+        pool.load(d, meta, files, tokens=tokens)
+    except PoolCheckpointError:
+        raise
+    except Exception as e:  # whatever a consistent-looking but wrong header trips over (a duplicated id ...)
+        raise _inconsistent(d, e) from e
+
+
 def load_experience(
     directory: str | os.PathLike[str],
     *,
@@ -274,22 +328,15 @@ def load_experience(
             f"{hpath}: the saved pool has K={meta.get('k')} but this run has K={pool.k} "
             "(buckets are success counts out of K; they cannot be converted)"
         )
-    saved_mode = meta.get("settings", {}).get("reward_mode", "binary")  # binary pools predate the key
+    saved_mode = saved_mode_name(meta.get("settings", {}))
     if saved_mode != pool.reward_mode:
         raise PoolCheckpointError(
             f"{hpath}: the saved pool was collected with exgrpo.reward_mode={saved_mode} but this run has "
-            f"exgrpo.reward_mode={pool.reward_mode} (success-count buckets and reward-spread buckets mean different "
-            "things and cannot be converted): resume with the same mode, or move the checkpoint's exgrpo/ folder "
-            "aside and set exgrpo.resume_pool=empty"
+            f"exgrpo.reward_mode={pool.reward_mode} (the buckets of two reward modes mean different things, e.g. "
+            "success counts and reward spreads, and cannot be converted): resume with the same mode, or move the "
+            "checkpoint's exgrpo/ folder aside and set exgrpo.resume_pool=empty"
         )
-    try:  # every file is verified against its checksum before it is parsed (PoolCheckpointError naming it)
-        pool.load(d, meta, files)
-    except PoolCheckpointError:
-        raise
-    except Exception as e:  # whatever a consistent-looking but wrong header trips over (a duplicated id ...)
-        raise PoolCheckpointError(
-            f"{hpath}: inconsistent with {' / '.join(DATA_FILES)} of {d}: {type(e).__name__}: {e}"
-        ) from e
+    _load_pool(d, pool, meta, files, tokens=True)
 
     for name, comp in (("sampler", sampler), ("selector", selector), ("schedule", schedule)):
         if comp is None:
@@ -302,3 +349,63 @@ def load_experience(
         except Exception as e:
             raise PoolCheckpointError(f"{hpath}: invalid {name} state: {type(e).__name__}: {e}") from e
     return dict(header["extra"])
+
+
+@dataclass
+class SavedExperience:
+    """A saved experience directory opened read-only, for tools that look inside it (``python -m exgrpo.pool``).
+
+    :func:`open_experience` verifies it as :func:`load_experience` does (the header's SHA-256, ``entries.arrow``'s
+    size and CRC-32, every consistency check between them) but restores only the pool's index into ``pool``
+    (entry table, buckets, retired set, counters; :meth:`ExperiencePool.load` with ``tokens=False``), so the token
+    file, by far the largest, is not read. :meth:`token_batches` streams it batch by batch when a tool needs the
+    tokens, its CRC-32 checked first through a small buffer. Errors are the load's: :class:`PoolCheckpointError`
+    naming the file.
+    """
+
+    directory: pathlib.Path  # where it was read from (the previous copy when an overwrite was interrupted)
+    header: dict[str, Any]
+    pool: ExperiencePool  # index only: table, buckets, retired set, counters; no tokens
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The header's ``pool`` section (settings, question table, bucket lists, retired set, counters ...)."""
+        return self.header["pool"]
+
+    def file_bytes(self) -> dict[str, int]:
+        """Bytes on disk of each file of the directory (header included)."""
+        out = {HEADER: (self.directory / HEADER).stat().st_size}
+        out.update({name: int(rec["bytes"]) for name, rec in self.header["files"].items()})
+        return out
+
+    def token_batches(self, rows: Any | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """The token file streamed: ``(start, stop, token_ids, behaviour_log_probs)`` per record batch, the
+        concatenated tokens of entry rows [start, stop) in entry-id order (the rows of ``pool.table.columns``).
+        ``rows``: only the batches holding one of these entry rows. One batch is held at a time."""
+        n = len(self.pool)
+        lengths = self.pool.table.columns["length"][:n].astype(np.int64)
+        try:
+            yield from read_token_batches(
+                self.directory / TOKENS_FILE, self.header["files"].get(TOKENS_FILE), lengths, rows=rows
+            )
+        except PoolCheckpointError:
+            raise
+        except Exception as e:  # the header's batch table does not fit the entries: as the load names it
+            raise _inconsistent(self.directory, e) from e
+
+
+def open_experience(directory: str | os.PathLike[str]) -> SavedExperience:
+    """Open a saved experience directory read-only (:class:`SavedExperience`): the header and ``entries.arrow``
+    verified and the pool's index restored, the token file left for :meth:`SavedExperience.token_batches`.
+    Raises :class:`PoolCheckpointError` naming the file, as :func:`load_experience` does; the reward mode and K are
+    the saved ones (nothing to match them against)."""
+    d = _resolve(pathlib.Path(directory))
+    hpath = d / HEADER
+    header = _read_header(hpath)
+    meta = header["pool"]
+    k = meta.get("k")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        raise PoolCheckpointError(f"{hpath}: the saved pool's K is {k!r}, not a group size (an integer >= 2)")
+    pool = ExperiencePool(k)
+    _load_pool(d, pool, meta, header["files"], tokens=False)
+    return SavedExperience(d, header, pool)

@@ -1,7 +1,8 @@
 """The experience pool: correct trajectories of partially solved questions, their buckets and the retired set.
 
 docs/algorithm.md §2 (state) and §3 (collection). The pool keeps, per question, its distinct correct trajectories
-(response token ids with EOS, one behaviour log-prob per token, reward, step collected), the question's latest
+(response token ids with EOS, one behaviour log-prob per token, the loss mask of a multi-turn trajectory encoded in
+them (``exgrpo.experience.masks``), reward, step collected), the question's latest
 success count k (its *bucket*), and the set of retired questions (solved K/K, never replayed again).
 
 It is composed of parts, like torchrl's replay buffer (docs/experience.md has the table):
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from exgrpo.experience import masks
 from exgrpo.experience.arena import ArenaStorage
 from exgrpo.experience.buckets import BucketIndex
 from exgrpo.experience.entries import EntryTable
@@ -72,7 +74,8 @@ class ExperiencePool:
         """``k``: the group size K. ``storage``: the token storage layout, ``arena`` (chunks of ``chunk_tokens``
         tokens) or ``per_entry``. ``rules``: the settings of :class:`CollectionRules` (``lbound``, ``rbound``,
         ``count_replayed_in_k``, ``zero_success``, ``collect_from``, ``max_entries_per_question``,
-        ``max_total_tokens``, ``continuous``: the continuous reward mode's rules, docs/algorithm.md §13)."""
+        ``max_total_tokens``, ``mode``: the reward mode whose rules plan each group, ``exgrpo.modes``; default
+        binary)."""
         if k < 2:
             raise ValueError(f"K (group size) must be >= 2, got {k}")
         if storage not in STORAGE_LAYOUTS:
@@ -87,10 +90,8 @@ class ExperiencePool:
     @classmethod
     def from_config(cls, cfg: ExGRPOConfig, **kwargs: Any) -> ExperiencePool:
         assert cfg.k is not None, "ExGRPOConfig.k must be set (validate the config first)"
-        if cfg.reward_mode == "continuous":
-            from exgrpo.experience.continuous import ContinuousRules
-
-            kwargs.setdefault("continuous", ContinuousRules.from_config(cfg))
+        if "mode" not in kwargs:
+            kwargs["mode"] = cfg.mode.from_config(cfg)
         return cls(
             cfg.k,
             lbound=cfg.bucket_lbound,
@@ -116,8 +117,13 @@ class ExperiencePool:
 
     @property
     def reward_mode(self) -> str:
-        """``binary`` (buckets are success counts) or ``continuous`` (buckets are normalised reward spreads)."""
+        """The name of the reward mode whose rules collect into this pool (``exgrpo.modes``)."""
         return self.writer.reward_mode
+
+    @property
+    def mode(self) -> Any:
+        """The reward mode (``RewardMode``) whose rules collect into this pool."""
+        return self.writer.mode
 
     # ------------------------------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -160,14 +166,26 @@ class ExperiencePool:
 
     def _candidate(self, qid: QuestionId, slot: int, copy: bool) -> Candidate:
         ids, lps = self.token_storage.view(slot)
-        if copy:
-            ids, lps = ids.copy(), lps.copy()
+        mask = None
+        if self.table.masked(slot):  # the mask leaves the pool as a bool array, the log-probs as clean values
+            lps, mask = masks.decode(lps)
+            mask.flags.writeable = copy
+            if not copy:
+                lps.flags.writeable = False
+        elif copy:
+            lps = lps.copy()
         else:
-            ids, lps = ids.view(), lps.view()
-            ids.flags.writeable = False
+            lps = lps.view()
             lps.flags.writeable = False
+        if copy:
+            ids = ids.copy()
+        else:
+            ids = ids.view()
+            ids.flags.writeable = False
         c = self.table.columns
-        return Candidate(qid, int(c["entry_id"][slot]), ids, lps, float(c["reward"][slot]), int(c["step"][slot]))
+        return Candidate(
+            qid, int(c["entry_id"][slot]), ids, lps, float(c["reward"][slot]), int(c["step"][slot]), loss_mask=mask
+        )
 
     def entries(self, qid: QuestionId, *, copy: bool = True) -> list[Candidate]:
         """All stored trajectories of a question, oldest first (empty list when none)."""
@@ -227,6 +245,7 @@ class ExperiencePool:
             f"{prefix}entries": float(n),
             f"{prefix}questions": float(questions),
             f"{prefix}tokens": float(tokens),
+            f"{prefix}tool_tokens": float(self.table.total_masked),  # stored, not trained: the loss mask's zeros
             f"{prefix}bytes": float(mem),
             f"{prefix}bytes_per_token": float(mem / tokens) if tokens else 0.0,
             f"{prefix}retired": float(len(self.writer.retired)),
@@ -260,13 +279,21 @@ class ExperiencePool:
         return self.writer.collect(step, groups, mixed=mixed)
 
     def add(
-        self, qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, *, reward: float = 1.0, step: int = 0
+        self,
+        qid: QuestionId,
+        token_ids: Any,
+        behaviour_log_probs: Any,
+        *,
+        reward: float = 1.0,
+        step: int = 0,
+        loss_mask: Any = None,
     ) -> int | None:
-        """Store one trajectory (dedup by token ids within the question). Returns its entry id, None if a dup.
+        """Store one trajectory (dedup by token ids and loss mask within the question). Returns its entry id, None
+        if a dup. ``loss_mask``: 0 on the tokens the model did not generate (None: every token is the model's).
 
         Low-level: it neither updates buckets nor applies the caps; :meth:`collect` does both.
         """
-        return self.writer.add(qid, token_ids, behaviour_log_probs, reward=reward, step=step)
+        return self.writer.add(qid, token_ids, behaviour_log_probs, reward=reward, step=step, loss_mask=loss_mask)
 
     def remove_entry(self, qid: QuestionId, entry_id: int) -> None:
         """Evict one stored trajectory (the question leaves its bucket if it has none left)."""
@@ -302,16 +329,18 @@ class ExperiencePool:
         self,
         meta: dict[str, Any],
         load_table: Callable[[dict[str, Any]], None],
-        load_tokens: Callable[[np.ndarray, np.ndarray], None],
+        load_tokens: Callable[[np.ndarray, np.ndarray], np.ndarray],
     ) -> None:
-        """Rebuild every part from ``meta`` and the two loaders (table, then tokens into slots 0..n-1)."""
+        """Rebuild every part from ``meta`` and the two loaders (table, then tokens into slots 0..n-1; the token
+        loader returns each entry's masked-token count)."""
         if int(meta["k"]) != self.k:
             raise ValueError(f"the saved pool has K={meta['k']} but this pool has K={self.k}")
         self.clear()
         load_table({key: meta[key] for key in ("questions", "next_entry_id", "num_entries", "total_tokens")})
         n = len(self)
         self.token_storage.resize(self.table.capacity)
-        load_tokens(np.arange(n, dtype=np.int64), self.table.columns["length"][:n].astype(np.int64))
+        slots = np.arange(n, dtype=np.int64)
+        self.table.set_masked(slots, load_tokens(slots, self.table.columns["length"][:n].astype(np.int64)))
         self.token_storage.resize(self.table.capacity)  # an in-memory load sizes the storage to the entries
         self.writer.load_state_dict({key: meta[key] for key in ("retired", "counters", "last_step")})
         self.buckets.load_state_dict({"members": meta["bucket_members"]})
@@ -330,8 +359,8 @@ class ExperiencePool:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         entries = state["entries"]
 
-        def tokens(slots: np.ndarray, lengths: np.ndarray) -> None:
-            self.token_storage.load_state_dict(
+        def tokens(slots: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+            return self.token_storage.load_state_dict(
                 {
                     "slots": slots,
                     "lengths": lengths,
@@ -351,15 +380,26 @@ class ExperiencePool:
         tokens_record = self.token_storage.dump(d / TOKENS_FILE, order, batch_tokens=batch_tokens)
         return self._meta(table), {ENTRIES_FILE: entries_record, TOKENS_FILE: tokens_record}
 
-    def load(self, directory: str | pathlib.Path, meta: dict[str, Any], records: dict[str, Any]) -> None:
+    def load(
+        self, directory: str | pathlib.Path, meta: dict[str, Any], records: dict[str, Any], *, tokens: bool = True
+    ) -> None:
         """Restore from what :meth:`dump` wrote into ``directory`` and returned (``meta``, ``records``).
+
+        ``tokens=False`` restores the index only (entry table, buckets, retired set, counters, with every check of
+        a full load) and leaves ``tokens.arrow`` unread and the token storage empty: for tools that read the tokens
+        themselves by streaming (:func:`~exgrpo.experience.storage.read_token_batches`); such a pool answers the
+        table's and the buckets' queries, not ``entries`` / ``candidates``, and must not collect.
 
         Raises ``PoolCheckpointError`` naming the file for a damaged file, ValueError when the files and ``meta``
         do not fit together. After an error the pool is in an undefined state: build a fresh one.
         """
         d = pathlib.Path(directory)
+
+        def load_tokens(slots: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+            if not tokens:  # the index only: the masked-token counts live in the unread token file
+                return np.zeros(len(slots), dtype=np.int64)
+            return self.token_storage.load(d / TOKENS_FILE, records.get(TOKENS_FILE), slots, lengths)
+
         self._restore(
-            meta,
-            lambda table: self.table.load(d / ENTRIES_FILE, table, records.get(ENTRIES_FILE)),
-            lambda slots, lengths: self.token_storage.load(d / TOKENS_FILE, records.get(TOKENS_FILE), slots, lengths),
+            meta, lambda table: self.table.load(d / ENTRIES_FILE, table, records.get(ENTRIES_FILE)), load_tokens
         )

@@ -2,54 +2,69 @@
 
 ``GroupMember`` / ``Group`` go into :meth:`ExperiencePool.collect`; ``Candidate`` comes out of
 :meth:`ExperiencePool.candidates`; ``CollectStats`` says what a collect call did. ``as_member_arrays`` is the one
-place where a member's token ids and behaviour log-probs are checked and converted to the stored dtypes.
+place where a member's token ids, behaviour log-probs and loss mask are checked and converted to what the pool
+stores (the mask encoded in the log-probs, ``exgrpo.experience.masks``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 
+from exgrpo.experience import masks
+
+# what counts as a success is the binary reward mode's rule; importable from here as well
+from exgrpo.modes.binary import SUCCESS_REWARD, is_success
+
 __all__ = [
+    "DEFECTS",
     "SUCCESS_REWARD",
     "Candidate",
     "CollectStats",
     "Group",
     "GroupMember",
+    "MemberArrays",
     "QuestionId",
     "as_member_arrays",
     "is_success",
+    "member_arrays",
 ]
+
+#: why a member is not stored (``GroupMember.defect``, ``exgrpo.experience.masks``): ``inconsistent`` (its loss mask
+#: and log-probs disagree), ``truncated`` (its exchange was cut in a tool turn)
+DEFECTS = masks.DEFECTS
 
 QuestionId: TypeAlias = str | int
 
-#: A member counts as correct (a "success") when its reward reaches 1: the training reward is binary (§10).
-SUCCESS_REWARD = 1.0
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-def is_success(reward: float) -> bool:
-    """Whether a member's reward counts as a success (k counts these, §3)."""
-    return float(reward) >= SUCCESS_REWARD
 
 
 @dataclass
 class GroupMember:
     """One of the K members of a group, as the trainer hands it to :meth:`ExperiencePool.collect`.
 
-    ``token_ids``: the response tokens only (no prompt, no padding), EOS included; any 1-D integer array-like.
+    ``token_ids``: the whole response after the prompt (no padding), EOS included: for a multi-turn trajectory the
+    model's turns *and* the tool outputs between them; any 1-D integer array-like.
     ``behaviour_log_probs``: one log-prob per response token from the policy that generated it (the old
-    log-probs of this step); float array-like of the same length. ``is_replayed``: the member came from the
-    pool this step (it is already stored and is never re-inserted).
+    log-probs of this step); float array-like of the same length; read on the model's tokens only.
+    ``is_replayed``: the member came from the pool this step (it is already stored and is never re-inserted).
+    ``loss_mask``: 1 per token the policy generated, 0 per token it did not (a tool's output, the template's turn
+    boundaries); None = every token is the model's (a single-turn response).
+    ``defect``: why the trainer found this trajectory unfit to store (one of :data:`DEFECTS`; e.g. its exchange
+    ended on a tool call that got no answer), None when it found none, or a function of no argument that says it
+    (called only for a member the pool would store: the trainer's check may cost a decode). The pool checks the
+    arrays itself as well.
     """
 
     token_ids: Any
     behaviour_log_probs: Any
     reward: float
     is_replayed: bool = False
+    loss_mask: Any = None
+    defect: str | Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -64,9 +79,12 @@ class Group:
 class Candidate:
     """A stored trajectory handed to selection and the trainer.
 
-    ``token_ids`` (int32) and ``behaviour_log_probs`` (float32) are copies unless the pool was asked for
-    views (``copy=False``); views are read-only and valid only until the pool is next mutated.
-    ``entry_id`` refers back to the entry (:meth:`ExperiencePool.get`); ids are never reused.
+    ``token_ids`` (int32, the whole stored response: model turns and tool outputs) and ``behaviour_log_probs``
+    (float32; 0.0 on the tokens the model did not generate) are copies unless the pool was asked for views
+    (``copy=False``); views are read-only and valid only until the pool is next mutated (the log-probs of a
+    trajectory with masked tokens are always a cleaned copy). ``loss_mask``: True per token the policy generated,
+    None when every token is the model's (:attr:`mask` gives the array in both cases). ``entry_id`` refers back to
+    the entry (:meth:`ExperiencePool.get`); ids are never reused.
     """
 
     question_id: QuestionId
@@ -75,10 +93,21 @@ class Candidate:
     behaviour_log_probs: np.ndarray
     reward: float
     step: int
+    loss_mask: np.ndarray | None = None
 
     @property
     def length(self) -> int:
+        """Tokens stored (the whole response, tool outputs included)."""
         return int(self.token_ids.shape[0])
+
+    @property
+    def mask(self) -> np.ndarray:
+        """The loss mask as a bool array of :attr:`length` (True = a token the policy generated)."""
+        return np.ones(self.length, dtype=np.bool_) if self.loss_mask is None else self.loss_mask
+
+    @property
+    def num_model_tokens(self) -> int:
+        return self.length if self.loss_mask is None else int(np.count_nonzero(self.loss_mask))
 
 
 _STAT_NAMES = (
@@ -95,12 +124,19 @@ _STAT_NAMES = (
     "duplicates",
     "evicted_entries",
     "evicted_tokens",
+    "rejected_inconsistent",
+    "rejected_truncated",
 )
 
 
 @dataclass
 class CollectStats:
-    """What one :meth:`ExperiencePool.collect` call did (for logging; see :meth:`as_metrics`)."""
+    """What one :meth:`ExperiencePool.collect` call did (for logging; see :meth:`as_metrics`).
+
+    The counts every reward mode reports are fields; ``mode_stats`` holds the figures of the call's reward mode
+    (``exgrpo.modes``: the binary mode's success counts, the continuous mode's flat groups and spreads), which the
+    mode turns into its own metrics.
+    """
 
     step: int
     groups: int = 0
@@ -108,7 +144,7 @@ class CollectStats:
     retired: int = 0  # questions retired this call (k = K)
     ignored_retired: int = 0  # groups of already-retired questions (nothing done)
     zero_success: int = 0  # groups with k = 0
-    moved_to_bucket0: int = 0  # of those, stored questions moved to bucket 0 (zero_success='bucket0')
+    moved_to_bucket0: int = 0  # of the groups without signal, stored questions moved to bucket 0 (zero_success)
     out_of_range: int = 0  # 0 < k < K but not in (lbound, rbound]: nothing done
     bucket_updates: int = 0  # questions whose bucket was set to k in (lbound, rbound]
     added_entries: int = 0
@@ -116,27 +152,42 @@ class CollectStats:
     duplicates: int = 0  # correct fresh members already stored (dedup by token ids)
     evicted_entries: int = 0
     evicted_tokens: int = 0
-    success_counts: list[int] = field(default_factory=list)  # k of every group seen (counted members)
-    # continuous reward mode (docs/algorithm.md §13); its metrics are logged only in that mode
-    continuous: bool = False
-    flat_groups: int = 0  # groups whose reward spread is <= flat_std (the binary mode's 0/K and K/K)
-    group_stds: list[float] = field(default_factory=list)  # σ of every group seen (counted members)
-    spread_buckets: list[int] = field(default_factory=list)  # bucket of every non-flat group seen
+    rejected_inconsistent: int = 0  # members to store whose loss mask and log-probs disagree: not stored
+    rejected_truncated: int = 0  # members to store whose exchange was cut in a tool turn: not stored
+    #: the reward mode that collected (``RewardMode``; None: no mode figures) and its own figures of the call
+    mode: Any = field(default=None, repr=False, compare=False)
+    mode_stats: dict[str, Any] = field(default_factory=dict)
 
     def as_metrics(self, prefix: str = "collect/") -> dict[str, float]:
         out = {f"{prefix}{name}": float(getattr(self, name)) for name in _STAT_NAMES}
-        if self.continuous:
-            out[f"{prefix}flat_groups"] = float(self.flat_groups)
-            stds = self.group_stds or [0.0]
-            out[f"{prefix}group_std_mean"] = float(sum(stds) / len(stds))
-            out[f"{prefix}group_std_max"] = float(max(stds))
-            buckets = self.spread_buckets or [0]
-            out[f"{prefix}spread_bucket_mean"] = float(sum(buckets) / len(buckets))
+        if self.mode is not None:
+            out.update(self.mode.collect_metrics(self, prefix))
         return out
 
 
-def as_member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A member's (token ids as int32, behaviour log-probs as float32), checked; ValueError naming the question."""
+def as_member_arrays(
+    qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, loss_mask: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A member's (token ids as int32, behaviour log-probs as float32 with NaN on the tokens ``loss_mask`` marks as
+    not the model's), checked; ValueError naming the question for shapes or dtypes that do not fit."""
+    arrays = member_arrays(qid, token_ids, behaviour_log_probs, loss_mask)
+    return arrays.token_ids, arrays.stored_log_probs
+
+
+@dataclass(frozen=True, slots=True)
+class MemberArrays:
+    """A member as the pool stores it: ``token_ids`` (int32), ``stored_log_probs`` (float32, NaN on masked tokens),
+    ``masked`` (their count) and ``defect`` (a pair (kind, reason) when the arrays must not be stored)."""
+
+    token_ids: np.ndarray
+    stored_log_probs: np.ndarray
+    masked: int
+    defect: tuple[str, str] | None
+
+
+def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, loss_mask: Any = None) -> MemberArrays:
+    """Check and convert a member's arrays (ValueError naming the question for a shape or dtype that does not fit;
+    a mask that disagrees with the log-probs is a ``defect``, counted and not stored, never an error)."""
     ids = np.asarray(token_ids)
     lps = np.asarray(behaviour_log_probs)
     if ids.ndim != 1 or ids.shape[0] == 0 or ids.dtype.kind not in "iu":
@@ -155,4 +206,7 @@ def as_member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any) 
         ids = ids.astype(np.int32)
     if lps.dtype != np.float32:
         lps = lps.astype(np.float32)
-    return ids, lps
+    mask = masks.as_mask(qid, loss_mask, ids.shape[0])
+    defect = masks.trajectory_defect(lps, mask)
+    masked = 0 if mask is None else int(mask.shape[0] - np.count_nonzero(mask))
+    return MemberArrays(ids, masks.encode(lps, mask), masked, defect)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from exgrpo.experience.records import Candidate, QuestionId
 from exgrpo.experience.rng import rng_state, set_rng_state
@@ -40,6 +39,8 @@ from exgrpo.experience.trajectory_metrics import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from exgrpo.config import ExGRPOConfig
 
 __all__ = [
@@ -65,6 +66,8 @@ def masked_mean_per_row(values: torch.Tensor, mask: torch.Tensor, eps: float = 1
     Each row is divided by its *own* mask count (never another row's), and an all-zero mask gives 0, not NaN.
     Computed in float64 (bf16/fp32 entropies summed over 8k tokens lose precision; near-ties must not flip).
     """
+    import torch  # here, not at import: the pool's tools (python -m exgrpo.pool) never score trajectories
+
     if values.shape != mask.shape:
         raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must have the same shape")
     dtype = torch.float64

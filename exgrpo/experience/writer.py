@@ -11,9 +11,11 @@ they land in) rather than one by one; every decision is still taken group by gro
 the same as storing each trajectory at once (a question that appears twice in one call has its first group's
 entries stored before its second group is looked at).
 
-In the continuous reward mode (``continuous`` set, docs/algorithm.md §13) the bucket is the group's normalised
-reward spread instead of k, which needs every group of the call: ``exgrpo.experience.continuous.plan_groups`` plans
-them all first, then the same per-group order applies.
+What a group's rewards mean is the reward mode's (``exgrpo.modes``): for each collect call the mode gives a planner
+that says, per group, whether the question retires, its bucket (none: no learning signal, the ``zero_success`` rule
+applies) and which fresh members to store — success counts in the binary mode, the normalised reward spread in the
+continuous mode (docs/algorithm.md §13), which plans the whole call first. The writer applies every plan the same
+way: retirement, ``collect_from``, the ``zero_success`` rule, the bounds, dedup, the caps.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from exgrpo.experience import masks
 from exgrpo.experience.buckets import BucketIndex
-from exgrpo.experience.continuous import ContinuousRules, SpreadPlan, plan_groups
 from exgrpo.experience.entries import EntryBatch, EntryTable
-from exgrpo.experience.records import CollectStats, Group, GroupMember, QuestionId, as_member_arrays, is_success
+from exgrpo.experience.records import CollectStats, Group, GroupMember, MemberArrays, QuestionId, member_arrays
 from exgrpo.experience.storage import TokenStorage
+from exgrpo.modes.base import GroupPlan, RewardMode
+from exgrpo.modes.binary import BinaryMode
 
 __all__ = ["COUNTERS", "CollectionRules"]
 
@@ -53,9 +57,9 @@ class CollectionRules:
         collect_from: str = "start",
         max_entries_per_question: int | None = None,
         max_total_tokens: int | None = None,
-        continuous: ContinuousRules | None = None,
+        mode: RewardMode | None = None,
     ):
-        """``continuous``: the continuous reward mode's rules (docs/algorithm.md §13); None = the binary mode."""
+        """``mode``: the reward mode whose rules plan each group (``exgrpo.modes``); None = the binary mode."""
         k = buckets.k
         rbound = k - 1 if rbound is None else rbound
         if not 0 <= lbound < rbound <= k - 1:
@@ -73,7 +77,7 @@ class CollectionRules:
         self.collect_from = collect_from
         self.max_entries_per_question = max_entries_per_question
         self.max_total_tokens = max_total_tokens
-        self.continuous = continuous
+        self.mode = BinaryMode() if mode is None else mode
         self.clear()
 
     def clear(self) -> None:
@@ -83,7 +87,7 @@ class CollectionRules:
 
     @property
     def reward_mode(self) -> str:
-        return "binary" if self.continuous is None else "continuous"
+        return self.mode.name
 
     def settings(self) -> dict[str, Any]:
         out = {
@@ -96,9 +100,7 @@ class CollectionRules:
             "max_entries_per_question": self.max_entries_per_question,
             "max_total_tokens": self.max_total_tokens,
         }
-        if self.continuous is not None:  # a binary pool's settings (and its saved header) are as they always were
-            out["reward_mode"] = "continuous"
-            out["continuous"] = self.continuous.settings()
+        out.update(self.mode.settings())  # the mode's tag (none for the binary mode: its header is as it always was)
         return out
 
     # ------------------------------------------------------------------ state
@@ -134,43 +136,66 @@ class CollectionRules:
         self.tokens.free(slot)
         return self.table.release(slot)
 
-    def add(self, qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, *, reward: float, step: int) -> int | None:
-        """Store one trajectory now (dedup by token ids within the question); its entry id, or None for a dup."""
+    def add(
+        self,
+        qid: QuestionId,
+        token_ids: Any,
+        behaviour_log_probs: Any,
+        *,
+        reward: float,
+        step: int,
+        loss_mask: Any = None,
+    ) -> int | None:
+        """Store one trajectory now (dedup by token ids and mask within the question); its entry id, or None for a
+        dup. ValueError for a trajectory whose mask and log-probs disagree (``exgrpo.experience.masks``)."""
         if qid in self.retired:
             raise ValueError(f"question {qid!r} is retired; it can no longer be stored")
-        ids, lps = as_member_arrays(qid, token_ids, behaviour_log_probs)
+        arrays = member_arrays(qid, token_ids, behaviour_log_probs, loss_mask)
+        if arrays.defect is not None:
+            raise ValueError(f"question {qid!r}: the trajectory cannot be stored: {arrays.defect[1]}")
         qi = self.table.question_index(qid)
-        if not self._new_trajectories(qi, [ids]):
+        if not self._new_trajectories(qi, [arrays]):
             return None
         batch = EntryBatch()
         entry_id = self.table.reserve_entry_ids(1)
-        batch.append(qi, entry_id, ids, lps, float(reward), step)
+        batch.append(qi, entry_id, arrays.token_ids, arrays.stored_log_probs, float(reward), step, arrays.masked)
         self.store(batch)
         return entry_id
 
-    def _new_trajectories(self, qi: int, candidates: Sequence[np.ndarray]) -> list[int]:
-        """Indices of the ``candidates`` (token id arrays, in order) that neither the question holds nor an earlier
-        candidate repeats: dedup by exact token ids, compared only where the lengths agree. Counts duplicates."""
-        seen: dict[int, list[Any]] = {}  # length -> stored slots (ints) and accepted candidates (arrays)
+    def _new_trajectories(self, qi: int, candidates: Sequence[MemberArrays]) -> list[int]:
+        """Indices of the ``candidates`` (in order) that neither the question holds nor an earlier candidate
+        repeats: dedup by exact token ids and loss mask (the same tokens with another mask train other tokens),
+        compared only where the lengths agree. Counts duplicates."""
+        seen: dict[int, list[Any]] = {}  # length -> stored slots (ints) and accepted candidates (MemberArrays)
         stored = self.table.slots(qi)
         if stored:
-            wanted = {c.shape[0] for c in candidates}
+            wanted = {c.token_ids.shape[0] for c in candidates}
             for s, n in zip(stored, self.table.columns["length"][stored].tolist(), strict=True):
                 if n in wanted:
                     seen.setdefault(n, []).append(s)
         out = []
-        for i, ids in enumerate(candidates):
-            same = seen.get(ids.shape[0])
+        for i, c in enumerate(candidates):
+            same = seen.get(c.token_ids.shape[0])
             if same is None:
-                seen[ids.shape[0]] = [ids]
-            elif any(np.array_equal(self.tokens.view(x)[0] if isinstance(x, int) else x, ids) for x in same):
+                seen[c.token_ids.shape[0]] = [c]
+            elif any(self._same_trajectory(x, c) for x in same):
                 self.counters["duplicates"] += 1
                 continue
             else:
-                same.append(ids)
+                same.append(c)
             out.append(i)
         self.counters["collected"] += len(out)
         return out
+
+    def _same_trajectory(self, x: int | MemberArrays, c: MemberArrays) -> bool:
+        """Whether the stored slot or staged member ``x`` holds the token ids and loss mask of ``c``."""
+        if isinstance(x, int):
+            ids, lps, masked = *self.tokens.view(x), self.table.masked(x)
+        else:
+            ids, lps, masked = x.token_ids, x.stored_log_probs, x.masked
+        if masked != c.masked or not np.array_equal(ids, c.token_ids):
+            return False
+        return masked == 0 or np.array_equal(np.isnan(lps), np.isnan(c.stored_log_probs))
 
     def retire(self, qid: QuestionId, step: int | None = None) -> None:
         """Retire for good (§3, k = K): drop its trajectories and bucket; never stored or replayed again."""
@@ -221,8 +246,10 @@ class CollectionRules:
     def collect(self, step: int, groups: Iterable[Group], *, mixed: bool = True) -> CollectStats:
         """Apply the collection rules to this step's groups; see :meth:`ExperiencePool.collect`."""
         groups = list(groups)
-        stats = CollectStats(step=step, groups=len(groups))
-        plans = self._plan_continuous(groups, stats) if self.continuous is not None else None
+        stats = CollectStats(step=step, groups=len(groups), mode=self.mode, mode_stats=self.mode.new_stats())
+        planner = self.mode.planner(
+            groups, self.k, count_replayed=self.count_replayed_in_k, stats=stats, check_size=self._check_size
+        )
         self.counters["collect_calls"] += 1
         self.last_step = step
         retire_only = self.collect_from == "mixed" and not mixed
@@ -238,11 +265,8 @@ class CollectionRules:
                 if g.question_id in pending:  # the same question twice in one call: its first entries first
                     self.store(batch)
                     pending.clear()
-                if plans is None:
-                    added = self._collect_group(g, step, retire_only, stats, batch)
-                else:
-                    added = self._collect_spread_group(g, plans[i], step, retire_only, stats, batch)
-                if added:
+                self._check_size(g)
+                if self._collect_group(g, planner(i, g), step, retire_only, stats, batch):
                     pending.add(g.question_id)
         finally:  # also when a later group is malformed: what was decided is stored, the pool stays consistent
             self.store(batch)
@@ -260,50 +284,10 @@ class CollectionRules:
                 "(a replayed question: its replayed member plus K-1 fresh ones)"
             )
 
-    def _collect_group(self, g: Group, step: int, retire_only: bool, stats: CollectStats, batch: EntryBatch) -> bool:
-        """The rules for one group; True when it put entries into ``batch``."""
-        self._check_size(g)
-        qid, members = g.question_id, g.members
-        ok = [is_success(m.reward) for m in members]
-        counted = ok if self.count_replayed_in_k else [o for m, o in zip(members, ok) if not m.is_replayed]
-        k_succ = sum(counted)
-        stats.success_counts.append(k_succ)
-        if k_succ == len(counted):
-            self.retire(qid, step)
-            stats.retired += 1
-            return False
-        if retire_only:
-            return False
-        if k_succ == 0:
-            stats.zero_success += 1
-            if self.zero_success == "bucket0" and self.table.slots_of(qid):
-                self.buckets.set(qid, 0)
-                stats.moved_to_bucket0 += 1
-            return False
-        if not self.lbound < k_succ <= self.rbound:
-            stats.out_of_range += 1
-            return False
-        # a replayed member is already stored (with its original behaviour log-probs): never re-inserted
-        fresh = [m for m, o in zip(members, ok) if o and not m.is_replayed]
-        return self._admit(qid, fresh, k_succ, step, stats, batch)
-
-    def _plan_continuous(self, groups: Sequence[Group], stats: CollectStats) -> list[SpreadPlan]:
-        """The continuous mode's per-group plans (σ̃ needs every group of the call); every group is checked first,
-        so a malformed one stops the call before anything changes."""
-        assert self.continuous is not None
-        for g in groups:
-            self._check_size(g)
-        plans = plan_groups(groups, self.continuous, self.k, count_replayed=self.count_replayed_in_k)
-        stats.continuous = True
-        stats.group_stds = [p.sigma for p in plans]
-        return plans
-
-    def _collect_spread_group(
-        self, g: Group, plan: SpreadPlan, step: int, retire_only: bool, stats: CollectStats, batch: EntryBatch
+    def _collect_group(
+        self, g: Group, plan: GroupPlan, step: int, retire_only: bool, stats: CollectStats, batch: EntryBatch
     ) -> bool:
-        """The continuous mode's rules for one group (docs/algorithm.md §13); True when it put entries into
-        ``batch``. A flat group is what k = K (retire, when its mean reaches retire_mean_reward) and k = 0 (the
-        zero_success rule) are in the binary mode; any other group has the bucket of its normalised spread."""
+        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``."""
         qid = g.question_id
         if plan.retire:
             self.retire(qid, step)
@@ -311,14 +295,13 @@ class CollectionRules:
             return False
         if retire_only:
             return False
-        if plan.flat:
-            stats.flat_groups += 1
+        if plan.bucket is None:  # no learning signal (binary 0/K, a flat continuous group)
+            self.mode.count_no_signal(stats)
             if self.zero_success == "bucket0" and self.table.slots_of(qid):
                 self.buckets.set(qid, 0)
                 stats.moved_to_bucket0 += 1
             return False
-        assert plan.bucket is not None
-        stats.spread_buckets.append(plan.bucket)
+        self.mode.count_bucket(stats, plan.bucket)
         if not self.lbound < plan.bucket <= self.rbound:
             stats.out_of_range += 1
             return False
@@ -358,19 +341,34 @@ class CollectionRules:
 
     def _stage(
         self, qid: QuestionId, members: Sequence[GroupMember], step: int, stats: CollectStats
-    ) -> list[tuple[int, int, np.ndarray, np.ndarray, float, int]]:
-        """The members to add as EntryBatch rows: deduplicated, entry ids reserved in order."""
-        if not members:
+    ) -> list[tuple[int, int, np.ndarray, np.ndarray, float, int, int]]:
+        """The members to add as EntryBatch rows: checked (a member whose loss mask and log-probs disagree, or whose
+        exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order."""
+        arrays, fit = [], []
+        for m in members:
+            a = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
+            defect = m.defect() if callable(m.defect) else m.defect
+            if defect is None and a.defect is not None:
+                defect = a.defect[0]
+            if defect is None:
+                arrays.append(a)
+                fit.append(m)
+            elif defect == masks.TRUNCATED:
+                stats.rejected_truncated += 1
+            elif defect == masks.INCONSISTENT:
+                stats.rejected_inconsistent += 1
+            else:
+                raise ValueError(f"question {qid!r}: unknown member defect {defect!r}; expected one of {masks.DEFECTS}")
+        if not arrays:
             return []
-        arrays = [as_member_arrays(qid, m.token_ids, m.behaviour_log_probs) for m in members]
         qi = self.table.question_index(qid)  # a question gets its index with its first member to store
-        keep = self._new_trajectories(qi, [a[0] for a in arrays])
+        keep = self._new_trajectories(qi, arrays)
         stats.duplicates += len(arrays) - len(keep)
         stats.added_entries += len(keep)
         first = self.table.reserve_entry_ids(len(keep))
         rows = []
         for j, i in enumerate(keep):
-            ids, lps = arrays[i]
-            stats.added_tokens += ids.shape[0]
-            rows.append((qi, first + j, ids, lps, float(members[i].reward), step))
+            a = arrays[i]
+            stats.added_tokens += a.token_ids.shape[0]
+            rows.append((qi, first + j, a.token_ids, a.stored_log_probs, float(fit[i].reward), step, a.masked))
         return rows

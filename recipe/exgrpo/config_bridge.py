@@ -10,10 +10,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from exgrpo.config import ConfigError, ExGRPOConfig
+from exgrpo.modes import DEFAULT_REWARD_MODE, REWARD_MODES
 
 __all__ = [
+    "REWARD_MODEL_CLIENT",
     "UNSUPPORTED_VERL_SETTINGS",
     "reward_model_problems",
+    "stage_deadline_problems",
     "StartupConfigError",
     "check_startup_config",
     "exgrpo_config_from_hydra",
@@ -88,6 +91,22 @@ def _off(value: Any) -> bool:
 
 def _zero(value: Any) -> bool:
     return value is None or value == 0
+
+
+#: the registered reward modes that a reward model may feed (``RewardMode.accepts_reward_model``)
+_REWARD_MODEL_MODES = tuple(name for name, mode in REWARD_MODES.items() if mode.accepts_reward_model)
+
+
+def _replays_with_rescored_rewards(config) -> bool:
+    """ExGRPO replays (not the on-policy baseline) and re-scores the replayed members (``exgrpo.replay_reward``)."""
+    enable = OmegaConf.select(config, "exgrpo.enable", default=True)
+    return bool(enable) and OmegaConf.select(config, "exgrpo.replay_reward", default="rescore") == "rescore"
+
+
+def _mode_takes_reward_model(config) -> bool:
+    """The config's reward mode takes a reward model's scores (an unknown mode is the exgrpo block's problem)."""
+    name = OmegaConf.select(config, "exgrpo.reward_mode", default=DEFAULT_REWARD_MODE)
+    return name not in REWARD_MODES or REWARD_MODES[name].accepts_reward_model
 
 
 #: Every verl setting that RayExGRPOTrainer does not honour beyond the values listed (docs/trainer.md, "verl
@@ -168,10 +187,11 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
     UnsupportedSetting(
         "reward.reward_model.enable",
         _off,
-        "a reward model gives real-valued rewards, which the binary mode's success counts cannot bucket: set "
-        "exgrpo.reward_mode=continuous (docs/algorithm.md §13), or reward.reward_model.enable=false for the "
-        "verifiable math-verify reward (§10)",
-        applies=lambda config: OmegaConf.select(config, "exgrpo.reward_mode", default="binary") != "continuous",
+        "a reward model gives real-valued rewards, which this reward mode's buckets cannot hold (binary: success "
+        "counts): set a reward mode that takes them ("
+        + ", ".join(f"exgrpo.reward_mode={m}" for m in _REWARD_MODEL_MODES)
+        + "; docs/algorithm.md §13), or reward.reward_model.enable=false for the verifiable math-verify reward (§10)",
+        applies=lambda config: not _mode_takes_reward_model(config),
     ),
     UnsupportedSetting(
         "distillation.enabled",
@@ -179,10 +199,15 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
         "the trainer runs no teacher model; set distillation.enabled=false",
     ),
     UnsupportedSetting(
-        "actor_rollout_ref.rollout.multi_turn.enable",
-        _off,
-        "replay stores and re-trains single-turn responses (tool turns would not be reproduced); set "
-        "actor_rollout_ref.rollout.multi_turn.enable=false",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+        lambda v: v is None,
+        "stateful tools (verl's BaseTool: per-trajectory state through create / execute / release) give every call "
+        "a reward that verl hands the reward function with the sampled exchange (extra_info tool_rewards); replay "
+        "re-trains a stored exchange without calling its tools again, so a replayed member re-scored "
+        "(exgrpo.replay_reward=rescore) would be scored without them (docs/algorithm.md, Multi-turn). Set "
+        "exgrpo.replay_reward=stored (a replayed member keeps the reward it earned when it was sampled), or serve the "
+        "tools as stateless function tools (actor_rollout_ref.rollout.multi_turn.function_tool_path)",
+        applies=lambda config: _replays_with_rescored_rewards(config),
     ),
     UnsupportedSetting(
         "actor_rollout_ref.actor.use_prefix_grouper",
@@ -226,31 +251,65 @@ def verl_setting_problems(config) -> list[str]:
     return problems
 
 
+#: The reward function the recipe ships for a reward model in its own pool (it calls the model's router).
+REWARD_MODEL_CLIENT = "pkg://recipe.exgrpo.reward_model_client"
+
+
 def reward_model_problems(config) -> list[str]:
     """verl 0.9.1 settings of a reward model that cannot score (docs/algorithm.md §13).
 
-    A discriminative reward model in its own resource pool, scored by verl's reward loop itself (no
-    ``reward.custom_reward_function``), fails every step: the agent loop reads the scoring result's
-    ``reward_extra_info``, which verl's reward-model path does not return. Colocated, verl reads it defensively, and a
-    reward function (which verl hands the model's ``reward_router_address``) returns it, so both work.
+    In its own resource pool (``reward.reward_model.enable_resource_pool=true``) verl's agent loop sends the model
+    every response while it is generated:
+
+    - scored by verl's reward loop itself (no ``reward.custom_reward_function``), it fails every step: the agent
+      loop reads the scoring result's ``reward_extra_info``, which verl's reward-model path does not return; a reward
+      function (``recipe/exgrpo/reward_model_client.py``, which verl hands the model's ``reward_router_address``)
+      returns it. Colocated, verl reads it defensively, so both work;
+    - verl's ``RewardModelManager`` puts the model to sleep once started (``reward.reward_model.rollout.
+      free_cache_engine``, default true) and wakes it only inside ``compute_rm_score``, the trainer's own scoring
+      call: the agent loop's requests would wait on a sleeping engine. With ``free_cache_engine=false`` its sleep is a
+      no-op and the model stays awake on its own GPUs. Colocated, the trainer's scoring call wakes it and puts it to
+      sleep again for the actor, which needs the GPUs.
     """
     enable = OmegaConf.select(config, "reward.reward_model.enable", default=False)
     own_pool = OmegaConf.select(config, "reward.reward_model.enable_resource_pool", default=False)
     function = OmegaConf.select(config, "reward.custom_reward_function.path", default=None)
-    if enable and own_pool and not function:
-        return [
+    free_cache = OmegaConf.select(config, "reward.reward_model.rollout.free_cache_engine", default=None)
+    if not (enable and own_pool):
+        return []
+    problems = []
+    if not function:
+        problems.append(
             "reward.reward_model.enable_resource_pool=true with no reward.custom_reward_function: verl 0.9.1's agent "
             "loop fails on every response a discriminative reward model in its own pool scores (the result lacks "
-            "reward_extra_info); colocate it (reward.reward_model.enable_resource_pool=false), or score with a "
-            "reward function that calls the model through the reward_router_address verl passes it"
-        ]
-    return []
+            "reward_extra_info); score with the recipe's reward function that calls the model through the "
+            f"reward_router_address verl passes it (reward.custom_reward_function.path={REWARD_MODEL_CLIENT}), or "
+            "colocate the model (reward.reward_model.enable_resource_pool=false)"
+        )
+    if free_cache is not False:
+        problems.append(
+            f"reward.reward_model.enable_resource_pool=true with reward.reward_model.rollout.free_cache_engine="
+            f"{'true' if free_cache is None else str(free_cache).lower()}: verl puts the reward model to sleep once "
+            "it has started and wakes it only for the trainer's own scoring calls, so the responses the agent loop "
+            "sends it while generating would wait on a sleeping engine; set "
+            "reward.reward_model.rollout.free_cache_engine=false (in its own pool the model keeps its GPUs awake)"
+        )
+    return problems
+
+
+def stage_deadline_problems(config) -> list[str]:
+    """The problems of the ``stage_deadlines`` block (recipe/exgrpo/stage_deadlines.py), each naming its key."""
+    from recipe.exgrpo.stage_deadlines import BLOCK, deadline_problems
+
+    raw = OmegaConf.select(config, BLOCK, default=None)
+    return deadline_problems(OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw)
 
 
 def check_startup_config(config) -> ExGRPOConfig:
     """The validated ``exgrpo`` block of a launch config; raises one :class:`StartupConfigError` listing every
-    unsupported verl setting and every problem of the block."""
-    problems = verl_setting_problems(config) + reward_model_problems(config)
+    unsupported verl setting, every problem of the reward model and of the stage deadlines, and every problem of
+    the block."""
+    problems = verl_setting_problems(config) + reward_model_problems(config) + stage_deadline_problems(config)
     try:
         exgrpo = exgrpo_config_from_hydra(config)
     except ConfigError as e:

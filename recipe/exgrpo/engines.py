@@ -28,6 +28,8 @@ import warnings
 
 from verl.utils.metric import AggregationType, Metric
 
+from recipe.exgrpo import verl_compat
+
 SKIP_ENV = "EXGRPO_SKIP_GRAD_NORM_ABOVE"
 MODULE = "recipe.exgrpo.engines"
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
@@ -97,7 +99,7 @@ class GradNormSkipMixin:
             return grad_norm
         args, kwargs = deferred[0]
         real_step(*args, **kwargs)
-        if getattr(self, "_qat_enabled", False):  # verl invalidates QAT scales after the step; redo it after ours
+        if verl_compat.engine_qat_enabled(self):  # verl invalidates QAT scales after the step; redo it after ours
             from verl.utils.qat.core import invalidate_all_scales
 
             invalidate_all_scales(self.module)
@@ -140,13 +142,11 @@ def install(model_type: str = "language_model", backends: tuple[str, ...] = FSDP
     with warnings.catch_warnings():
         # verl.workers.engine warns once per optional engine it cannot import (torchtitan, megatron, ...)
         warnings.simplefilter("ignore", UserWarning)
-        from verl.workers.engine import EngineRegistry
-
-    registry = EngineRegistry._engines.get(model_type, {})
+        registry = verl_compat.engine_table(model_type)
     done = []
     for backend in backends:
         for key, engine_cls in list(registry.get(backend, {}).items()):
-            registry[backend][key] = with_grad_norm_skip(engine_cls)
+            verl_compat.replace_engine(model_type, backend, key, with_grad_norm_skip(engine_cls))
             done.append(f"{backend}/{key}")
     INSTALLED.extend(k for k in done if k not in INSTALLED)
     return done

@@ -47,13 +47,9 @@ from exgrpo.fresh_prompts import FreshPromptFilter
 from exgrpo.gradient_signal import group_signal_metrics
 from exgrpo.objective import LossSettings
 from exgrpo.schedule import batch_pass_rate
+from recipe.exgrpo import verl_compat
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
-from recipe.exgrpo.continuous import (
-    continuous_reward_metrics,
-    score_with_colocated_reward_model,
-    set_stored_replay_rewards,
-)
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
 from recipe.exgrpo.mixed_batch import (
@@ -67,8 +63,18 @@ from recipe.exgrpo.mixed_batch import (
     keep_selected,
     mark_fresh,
     mark_replay_groups,
+    replayed_row_digests,
     selected_candidate_indices,
 )
+from recipe.exgrpo.reward_scoring import (
+    mode_reward_metrics,
+    reward_model_colocated,
+    score_with_colocated_reward_model,
+    set_stored_replay_rewards,
+    with_prompt_for_reward_functions,
+)
+from recipe.exgrpo.stage_deadlines import StageClock, deadlines_from_config
+from recipe.exgrpo.tool_turns import ToolCallDetector
 
 POOL_DIRNAME = "exgrpo"
 TRACE_FILE = "exgrpo_trace.jsonl"
@@ -192,6 +198,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
 
     #: the first measured rollout/actor mean log-prob gap of this process (``rollout_actor_agreement``)
     _first_agreement: float | None = None
+    #: the stages of each step run inside ``stage_clock.stage(name, step)``; the task runner's watchdog
+    #: (``stage_deadlines.StageSupervisor``) puts its own clock here and stops the run when one passes its deadline
+    stage_clock: StageClock = StageClock()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -214,6 +223,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
         self.fresh_filter = FreshPromptFilter(immediate=self.exgrpo.retire_fresh_prompts)
         self._loader_iter = None
         self.actor_log_prob_calls = 0  # actor compute_log_prob calls, logged per step
+        self.stage_clock = StageClock(deadlines_from_config(self.config))
+        # rollouts that may call tools: a trajectory whose exchange ended on an unanswered tool call is not stored
+        self.ends_in_tool_call = ToolCallDetector.from_config(self.config, self.tokenizer)
 
     # ------------------------------------------------------------------ start-up
     def init_workers(self):
@@ -307,6 +319,17 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 "fresh_filter": self.fresh_filter.state_dict(),
             },
         )
+        # what was saved, from the live state (not read back): a resume's record must equal it
+        self._trace(
+            {
+                "event": "save",
+                "to": os.path.abspath(folder),
+                "global_steps": self.global_steps,
+                "state_digest": self.experience.state_digest(),
+                "leftover_rows": list(self.leftover_rows),
+                "loader_epoch": self.loader_epoch,
+            }
+        )
         super()._save_checkpoint()
         removed = prune_pools(self.config.trainer.default_local_dir, self.config.trainer.get("max_actor_ckpt_to_keep"))
         if removed:
@@ -388,22 +411,22 @@ class RayExGRPOTrainer(RayPPOTrainer):
             "fresh_rows": list(fresh_rows),
             "selected_entry_ids": [],  # filled once the old-log-prob pass has selected them
             "selected_scores": [],
+            "replayed_members": [],
         }
         return batch, len(fresh_rows), plan
 
     def _generate(self, batch: DataProto, counts: np.ndarray, timing_raw: dict) -> DataProto:
         """``counts[i]`` samples of prompt i (``generate_with_counts``); the rollout replicas are asleep when this
         returns. Returns the prompt rows repeated by ``counts`` with their generated responses."""
-        gen_batch = self._get_gen_batch(batch)
-        # _get_gen_batch moves every non-reward key to the generation batch; keep ours on the batch too
+        gen_batch = verl_compat.gen_batch(self, batch)
+        # the generation batch takes every non-reward key from the batch; keep ours on the batch too
         for key in (QUESTION_ID_KEY, ROW_KEY):
             batch.non_tensor_batch[key] = gen_batch.non_tensor_batch[key]
         gen_batch.meta_info["global_steps"] = self.global_steps
-        with marked_timer("gen", timing_raw, color="red"):
+        with self.stage_clock.stage("generate", self.global_steps), marked_timer("gen", timing_raw, color="red"):
             gen_output = generate_with_counts(self, gen_batch, counts)
         timing_raw.update(gen_output.meta_info.pop("timing", {}))
         batch = expand_by_counts(batch, counts).union(gen_output)
-        batch = score_with_colocated_reward_model(self, batch, timing_raw)  # a reward model on the actor's GPUs
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
         return batch
@@ -417,7 +440,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         """
         n = len(batch)
         batch.batch[PASS_ROW_KEY] = torch.arange(n, dtype=torch.int64)
-        divisor = self._get_dp_size(self.actor_rollout_wg, "actor")
+        divisor = verl_compat.dp_size(self, self.actor_rollout_wg, "actor")
         rollout_cfg = self.config.actor_rollout_ref.rollout
         if not rollout_cfg.get("log_prob_use_dynamic_bsz", False):
             divisor *= int(rollout_cfg.get("log_prob_micro_batch_size_per_gpu") or 1)
@@ -425,11 +448,12 @@ class RayExGRPOTrainer(RayPPOTrainer):
         if pad:
             batch.batch[PASS_ROW_KEY][n:] = -1
         if self.config.trainer.balance_batch:
-            self._balance_batch(batch, metrics=metrics, logging_prefix="exgrpo/old_log_prob_seqlen")
+            verl_compat.balance_batch(self, batch, metrics, logging_prefix="exgrpo/old_log_prob_seqlen")
         # the worker's MFU figure reads these (as in verl's own step)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = []
-        old_log_prob, mfu = self._compute_old_log_prob(batch)
+        with self.stage_clock.stage("old_log_prob", self.global_steps):
+            old_log_prob, mfu = verl_compat.old_log_probs(self, batch)
         metrics["perf/mfu/actor_infer"] = mfu
         batch = batch.union(old_log_prob)
         position = batch.batch[PASS_ROW_KEY]
@@ -444,11 +468,22 @@ class RayExGRPOTrainer(RayPPOTrainer):
         """Old log-probs of the step and trajectory selection in ONE actor pass (module docstring, step 3).
 
         Returns the step's rows: the generated ones, then one replayed member per replayed question (re-scored
-        by the reward function), all with their old log-probs; the unselected candidates are gone.
+        by the reward function or model), all with their old log-probs; the unselected candidates are gone.
+
+        A reward model colocated with the actor scores before the pass, as in verl's own step (the rollout is
+        asleep, no actor compute has run): the generated rows and, when replayed members are re-scored, every
+        candidate row, in one call (:meth:`_score_before_the_pass`). After the pass no reward-model call follows:
+        its wake-up would meet the pass's activations still held by the actor's allocator. Elsewhere (a reward
+        function, a reward model in its own pool) only the selected members are scored, after the selection.
         """
         mark_fresh(batch)
+        candidates_scored = self._candidates_scored_before_the_pass()
+        if not candidates_scored:
+            batch = self._score_before_the_pass(batch, timing_raw)
         if plan.question_ids:
             batch = append_candidates(batch, counts, num_fresh, plan.candidates, self.tokenizer.pad_token_id)
+        if candidates_scored:
+            batch = self._score_before_the_pass(batch, timing_raw)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = self._old_log_prob_pass(batch, metrics)
         if plan.question_ids:
@@ -457,16 +492,27 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 selected = self.experience.select(plan, stats)
                 batch = keep_selected(batch, selected_candidate_indices(plan.candidates, selected))
             with marked_timer("exgrpo_replay_reward", timing_raw):
-                self._score_replayed_members(batch, selected)
+                self._score_replayed_members(batch, selected, already_scored=candidates_scored)
             metrics.update(replay_group_metrics(batch))
             metrics["exgrpo/old_log_prob_candidate_rows"] = float(plan.num_candidates)
             self._step_trace["selected_entry_ids"] = [s.entry_id for s in selected]
             self._step_trace["selected_scores"] = [s.score for s in selected]
+            self._step_trace["replayed_members"] = replayed_row_digests(batch)  # tokens and mask, as trained
         else:
             batch.batch.pop(CANDIDATE_KEY, None)
         batch.batch.pop("entropys")
         metrics.update(self._rollout_actor_agreement(batch))  # the weight sync's health, on the generated rows
         return batch
+
+    def _candidates_scored_before_the_pass(self) -> bool:
+        """A colocated reward model re-scores the replayed members: every candidate is scored with the generated
+        rows before the pass (the selected one keeps its score; a model scores the same text the same way)."""
+        return reward_model_colocated(self.config) and self.experience.cfg.replay_reward != "stored"
+
+    def _score_before_the_pass(self, batch: DataProto, timing_raw: dict) -> DataProto:
+        """The colocated reward model's scores of every row of ``batch`` that has none (nothing otherwise)."""
+        with self.stage_clock.stage("reward", self.global_steps):
+            return score_with_colocated_reward_model(self, batch, timing_raw)
 
     def _rollout_actor_agreement(self, batch: DataProto) -> dict[str, float]:
         """``rollout_actor_agreement`` against the first step this process measured (its noise floor)."""
@@ -477,14 +523,20 @@ class RayExGRPOTrainer(RayPPOTrainer):
             out["exgrpo/rollout_actor_log_prob_diff_mean_vs_first"] = 1.0
         return out
 
-    def _score_replayed_members(self, batch: DataProto, selected=None) -> None:
+    def _score_replayed_members(self, batch: DataProto, selected=None, already_scored: bool = False) -> None:
         """Reward of the replayed members, like any other member's (their rows carry zeroed ``rm_scores``); with
-        ``exgrpo.replay_reward=stored`` the reward stored with each ``selected`` trajectory instead."""
+        ``exgrpo.replay_reward=stored`` the reward stored with each ``selected`` trajectory instead. Nothing when the
+        members were scored before the pass (``already_scored``: a colocated reward model scored every candidate)."""
         if self.experience.cfg.replay_reward == "stored":
             set_stored_replay_rewards(batch, [s.candidate.reward for s in selected])
             return
+        if already_scored:
+            return
         rows = torch.nonzero(batch.batch[IS_REPLAY_KEY]).flatten()
-        scored = self.reward_loop_manager.compute_rm_score(batch.select_idxs(rows))
+        with self.stage_clock.stage("reward", self.global_steps):
+            scored = self.reward_loop_manager.compute_rm_score(
+                with_prompt_for_reward_functions(batch.select_idxs(rows))
+            )
         batch.batch["rm_scores"][rows] = scored.batch["rm_scores"].to(batch.batch["rm_scores"].dtype)
         for key, value in scored.non_tensor_batch.items():
             if key in batch.non_tensor_batch:
@@ -500,7 +552,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         # rows of replay groups + this step's scheduled ρ: the Eq. 4 term weights (exgrpo.weight_terms_by_ratio)
         mark_replay_groups(batch, self.experience.schedule.replay_ratio(self.global_steps) if mixed else 0.0)
         if self.config.trainer.balance_batch:  # for the update (the pass balanced its own rows)
-            self._balance_batch(batch, metrics=metrics)
+            verl_compat.balance_batch(self, batch, metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = []
 
@@ -517,8 +569,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
             if reward_extra_infos:
                 batch.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra_infos.items()})
             scores = reward_tensor.sum(-1).numpy()
-            if self.experience.cfg.reward_mode == "continuous":
-                metrics.update(continuous_reward_metrics(scores, batch, reward_extra_infos))
+            metrics.update(mode_reward_metrics(self.experience.mode, scores, batch, reward_extra_infos))
             adv = group_relative_advantages(
                 scores,
                 batch.non_tensor_batch["uid"],
@@ -535,8 +586,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
 
     def _update_policy(self, batch: DataProto, metrics: dict, timing_raw: dict) -> None:
         """verl's actor update; the mixed loss was installed in every worker at start-up (``init_workers``)."""
-        with marked_timer("update_actor", timing_raw, color="red"):
-            actor_output = self._update_actor(batch)
+        with self.stage_clock.stage("update", self.global_steps), marked_timer("update_actor", timing_raw, color="red"):
+            actor_output = verl_compat.update_actor(self, batch)
         metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
 
     def _collect_and_schedule(self, batch: DataProto, scores: np.ndarray, metrics: dict, timing_raw: dict) -> float:
@@ -544,7 +595,8 @@ class RayExGRPOTrainer(RayPPOTrainer):
         batch pass rate (§9) and the re-add ablation. Returns the batch pass rate."""
         with marked_timer("exgrpo_collect", timing_raw):
             if self.exgrpo.enable:
-                metrics.update(self.experience.collect(self.global_steps, collection_groups(batch)))
+                groups = collection_groups(batch, self.ends_in_tool_call)
+                metrics.update(self.experience.collect(self.global_steps, groups))
             pass_rate = batch_pass_rate(scores)
             metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
             self.experience.observe_rewards(scores, self.global_steps)  # the pass rate, or §13's signal
@@ -555,18 +607,20 @@ class RayExGRPOTrainer(RayPPOTrainer):
         """A checkpoint every ``trainer.save_freq`` steps and at the last one, then the new weights to the rollout."""
         save_freq = self.config.trainer.save_freq
         if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
-            with marked_timer("save_checkpoint", timing_raw, color="green"):
-                self._save_checkpoint()
-        with marked_timer("update_weights", timing_raw, color="red"):
-            self.checkpoint_manager.update_weights(self.global_steps)
+            with self.stage_clock.stage("save_checkpoint", self.global_steps):
+                with marked_timer("save_checkpoint", timing_raw, color="green"):
+                    self._save_checkpoint()
+        with self.stage_clock.stage("weight_sync", self.global_steps):
+            with marked_timer("update_weights", timing_raw, color="red"):
+                self.checkpoint_manager.update_weights(self.global_steps)
 
     def _validate_on_cadence(self, is_last_step: bool, timing_raw: dict) -> dict | None:
         """verl's validation every ``trainer.test_freq`` steps and at the last one; None when not due."""
         test_freq = self.config.trainer.test_freq
         if not (test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0)):
             return None
-        with marked_timer("testing", timing_raw, color="green"):
-            return self._validate()
+        with self.stage_clock.stage("validate", self.global_steps), marked_timer("testing", timing_raw, color="green"):
+            return verl_compat.validate(self)
 
     def _step_metrics(
         self,
@@ -605,14 +659,35 @@ class RayExGRPOTrainer(RayPPOTrainer):
         False when ``trainer.val_only`` asks for nothing more."""
         self.global_steps = 0
         self._load_checkpoint()
-        self.checkpoint_manager.update_weights(self.global_steps)
+        with self.stage_clock.stage("weight_sync", self.global_steps):
+            self.checkpoint_manager.update_weights(self.global_steps)
         if self.config.trainer.get("val_before_train", True):
-            val_metrics = self._validate()
+            with self.stage_clock.stage("validate", self.global_steps):
+                val_metrics = verl_compat.validate(self)
             pprint(f"Initial validation metrics: {val_metrics}")
             logger.log(data=val_metrics, step=self.global_steps)
             if self.config.trainer.get("val_only", False):
                 return False
         return True
+
+    def _run_step(
+        self, metrics: dict, timing_raw: dict, is_last_step: bool
+    ) -> tuple[DataProto, ReplayPlan, int, bool, float]:
+        """The stages of one training step, in order (docs/trainer.md, "One step"); returns the step's rows, its
+        replay plan, the number of fresh prompts, whether it was mixed and its batch pass rate."""
+        mixed = self._replaying
+        with marked_timer("step", timing_raw):
+            batch, num_fresh, plan = self._draw_questions(metrics, timing_raw)
+            counts = generation_counts(num_fresh, len(plan), self.k)
+            batch = self._generate(batch, counts, timing_raw)
+            batch = self._score_and_select(batch, counts, num_fresh, plan, metrics, timing_raw)
+            self._trace(self._step_trace)
+            self._prepare_update(batch, mixed, metrics)
+            scores = self._rewards_and_advantages(batch, metrics, timing_raw)
+            self._update_policy(batch, metrics, timing_raw)
+            pass_rate = self._collect_and_schedule(batch, scores, metrics, timing_raw)
+            self._save_and_sync(is_last_step, timing_raw)
+        return batch, plan, num_fresh, mixed, pass_rate
 
     def fit(self):
         from verl.utils.tracking import Tracking
@@ -633,19 +708,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
             timing_raw: dict = {}
             is_last_step = self.global_steps >= self.total_training_steps
             calls_before = self.actor_log_prob_calls
-            mixed = self._replaying
-            with marked_timer("step", timing_raw):
-                batch, num_fresh, plan = self._draw_questions(metrics, timing_raw)
-                counts = generation_counts(num_fresh, len(plan), self.k)
-                batch = self._generate(batch, counts, timing_raw)
-                batch = self._score_and_select(batch, counts, num_fresh, plan, metrics, timing_raw)
-                self._trace(self._step_trace)
-                self._prepare_update(batch, mixed, metrics)
-                scores = self._rewards_and_advantages(batch, metrics, timing_raw)
-                self._update_policy(batch, metrics, timing_raw)
-                pass_rate = self._collect_and_schedule(batch, scores, metrics, timing_raw)
-                self._save_and_sync(is_last_step, timing_raw)
-
+            batch, plan, num_fresh, mixed, pass_rate = self._run_step(metrics, timing_raw, is_last_step)
             val_metrics = self._validate_on_cadence(is_last_step, timing_raw)
             if val_metrics is not None:
                 metrics.update(val_metrics)

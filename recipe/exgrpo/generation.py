@@ -1,13 +1,13 @@
 """Generation with a different number of samples per prompt, through the legacy trainer's own rollout path.
 
 How verl 0.9.1's legacy ``RayPPOTrainer.fit`` generates (ray_trainer.py): it takes the prompt batch, strips it to
-the generation keys (``_get_gen_batch``), repeats it ``rollout.n`` times itself
-(``gen_batch.repeat(rollout.n, interleave=True)``) and hands the already-expanded batch to
+the generation keys (``_get_gen_batch``, reached through ``verl_compat.gen_batch``), repeats it ``rollout.n`` times
+itself (``gen_batch.repeat(rollout.n, interleave=True)``) and hands the already-expanded batch to
 ``self.async_rollout_manager.generate_sequences(...)``. The agent-loop manager produces **exactly one response
 per row**; ``rollout.n`` plays no part in generation. So a trainer that needs K samples for fresh questions and
 K−1 for replayed ones (docs/algorithm.md §6) expands the batch with per-row counts and calls the same manager:
 :func:`generate_with_counts`, with the padding verl's manager needs when it splits the batch across several
-agent-loop workers. ``RayExGRPOTrainer._generate`` uses it; ``python -m recipe.exgrpo.cpu.expanded_generation``
+agent-loop workers. ``RayExGRPOTrainer._generate`` uses it; ``python -m tests.e2e.expanded_generation_probe``
 checks it on the real stack (CPU backend, Ray, hf rollout).
 """
 
@@ -35,7 +35,7 @@ def expand_by_counts(batch: Any, counts: Sequence[int]) -> Any:
 def generate_with_counts(trainer: Any, gen_batch: Any, counts: Sequence[int], sleep_after: bool = True) -> Any:
     """Generate ``counts[i]`` responses for prompt ``i`` with a legacy ``RayPPOTrainer``'s rollout manager.
 
-    ``gen_batch`` is what ``trainer._get_gen_batch(batch)`` returns (with ``uid`` set and
+    ``gen_batch`` is what ``verl_compat.gen_batch(trainer, batch)`` returns (with ``uid`` set and
     ``meta_info['global_steps']`` filled in). Returns one output row per sample, prompt-major, aligned with
     ``expand_by_counts(batch, counts)`` of the full batch (repeat the full batch the same way before ``union``).
     With ``sleep_after`` the rollout replicas are asleep when it returns (the actor may use the GPUs).

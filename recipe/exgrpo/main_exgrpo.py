@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pprint import pprint
 
 import hydra
@@ -28,12 +29,14 @@ RECIPE_REWARD = "pkg://recipe.exgrpo.reward"
 RECIPE_DATASET = "pkg://recipe.exgrpo.dataset"
 
 
-def prepare_config(config) -> None:
+def prepare_config(config, run_token: str | None = None) -> None:
     """Fill the recipe's defaults (its reward and dataset), validate the ``exgrpo`` block, reject the verl settings
     the recipe would silently ignore (``config_bridge.UNSUPPORTED_VERL_SETTINGS``) and put what the workers need
-    into the Ray job's ``runtime_env`` (the engine hook's variables, the recipe's code: ``ray_job.ship_code``)."""
+    into the Ray job's ``runtime_env`` (the engine hook's variables, the recipe's code: ``ray_job.ship_code``; with
+    ``run_token``, the stage watchdog's: :func:`install_stage_watch`), merged with a submitted job's own
+    (``ray_job.merge_job_runtime_env``)."""
     from recipe.exgrpo.config_bridge import check_startup_config
-    from recipe.exgrpo.ray_job import ship_code
+    from recipe.exgrpo.ray_job import merge_job_runtime_env, ship_code
 
     with open_dict(config):
         # with a reward model and no reward function, verl's reward loop scores with the model: leave it so
@@ -47,7 +50,10 @@ def prepare_config(config) -> None:
     exgrpo = check_startup_config(config)  # raises naming every bad key, verl's and exgrpo's
     install_worker_env(config, exgrpo.skip_grad_norm_above)
     ship_code(config)
-    from recipe.exgrpo.cpu_guard import check_device_config
+    if run_token:
+        install_stage_watch(config, run_token)
+    merge_job_runtime_env(config)  # a driver of `ray job submit` whose runtime_env sets py_modules, excludes, ...
+    from recipe.exgrpo.cpu.guard import check_device_config
 
     check_device_config(config)
 
@@ -64,17 +70,49 @@ def install_worker_env(config, skip_grad_norm_above: float | None) -> None:
     if not env:
         return
     with open_dict(config):
-        # (DictConfig.setdefault returns the detached default, so read and assign explicitly)
-        if config.ray_kwargs.ray_init.get("runtime_env") is None:
-            config.ray_kwargs.ray_init.runtime_env = {}
-        runtime_env = config.ray_kwargs.ray_init.runtime_env
-        if runtime_env.get("env_vars") is None:
-            runtime_env.env_vars = {}
-        user_modules = runtime_env.env_vars.get(EXTERNAL_MODULES_ENV)
+        env_vars = _runtime_env_vars(config)
+        user_modules = env_vars.get(EXTERNAL_MODULES_ENV)
         if user_modules:
             env.update(worker_env(skip_grad_norm_above, {EXTERNAL_MODULES_ENV: user_modules}))
         for key, value in env.items():
-            runtime_env.env_vars[key] = value
+            env_vars[key] = value
+
+
+def _runtime_env_vars(config):
+    """``ray_kwargs.ray_init.runtime_env.env_vars``, created when missing (call inside ``open_dict``)."""
+    # (DictConfig.setdefault returns the detached default, so read and assign explicitly)
+    if config.ray_kwargs.ray_init.get("runtime_env") is None:
+        config.ray_kwargs.ray_init.runtime_env = {}
+    runtime_env = config.ray_kwargs.ray_init.runtime_env
+    if runtime_env.get("env_vars") is None:
+        runtime_env.env_vars = {}
+    return runtime_env.env_vars
+
+
+def install_stage_watch(config, run_token: str) -> None:
+    """With the stage deadlines on (``stage_deadlines.enable``): the run's token and the stack-dump module
+    (``recipe/exgrpo/stacks.py``, appended to ``VERL_USE_EXTERNAL_MODULES``) in every Ray worker's environment, so
+    the watchdog can dump the stacks of every process of the run and find them all
+    (recipe/exgrpo/stage_deadlines.py)."""
+    from recipe.exgrpo import stacks
+    from recipe.exgrpo.engines import EXTERNAL_MODULES_ENV
+    from recipe.exgrpo.stage_deadlines import deadlines_from_config
+
+    if not deadlines_from_config(config).enable:
+        return
+    with open_dict(config):
+        env_vars = _runtime_env_vars(config)
+        current = env_vars.get(EXTERNAL_MODULES_ENV) or os.environ.get(EXTERNAL_MODULES_ENV, "")
+        modules = [m for m in str(current).split(",") if m and m != stacks.MODULE]
+        env_vars[EXTERNAL_MODULES_ENV] = ",".join([*modules, stacks.MODULE])
+        env_vars[stacks.TOKEN_ENV] = run_token
+
+
+def new_run_token() -> str:
+    """A token unique to this run (its processes carry it in their environment)."""
+    import uuid
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def build_trainer(runner: BaseTaskRunner, config, trainer_cls):
@@ -124,26 +162,68 @@ def build_trainer(runner: BaseTaskRunner, config, trainer_cls):
 class ExGRPOTaskRunner(BaseTaskRunner):
     """verl's legacy task runner, building a ``RayExGRPOTrainer`` on ``ExGRPODataset``."""
 
-    def run(self, config):
+    def run(self, config, driver: dict | None = None, run_token: str | None = None):
+        """Build and train the trainer under the stage watchdog (``stage_deadlines.StageSupervisor``): a stage
+        that passes its deadline stops the run with ``StageDeadlineError``. ``driver``, ``run_token``: from the
+        driver (its node and pid; the token its processes carry), for the stacks and the stop."""
         from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer
+        from recipe.exgrpo.stage_deadlines import StageSupervisor, deadlines_from_config
 
         print(f"ExGRPOTaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
         pprint(OmegaConf.to_container(config, resolve=True))
         OmegaConf.resolve(config)
-        trainer = build_trainer(self, config, RayExGRPOTrainer)
-        trainer.init_workers()
-        trainer.fit()
+        supervisor = StageSupervisor(
+            deadlines_from_config(config), config.trainer.default_local_dir, run_token=run_token, driver=driver
+        )
+
+        def train():
+            trainer = build_trainer(self, config, RayExGRPOTrainer)
+            trainer.stage_clock = supervisor.clock
+            trainer.init_workers()
+            trainer.fit()
+
+        supervisor.run(train)
+
+
+def run_stage_watched(config, run_token: str) -> None:
+    """verl's ``run_ppo`` with the recipe's task runner; a ``StageDeadlineError`` of the task runner ends the run:
+    Ray is shut down, what is left of the run on this node is stopped, the step's incomplete checkpoint removed
+    (again, now that nothing writes to it), and the driver exits 1 with the error's message."""
+    from recipe.exgrpo import stacks
+    from recipe.exgrpo.ray_job import CheckedTaskRunner, driver_info
+    from recipe.exgrpo.stage_deadlines import StageDeadlineError, deadlines_from_config, remove_partial_checkpoint
+
+    watched = deadlines_from_config(config).enable
+    if watched:
+        stacks.register(run_token)  # the driver's own stacks, dumped with the workers' at a deadline
+    # every node must import the recipe: checked once run_ppo has started Ray, before the task runner starts
+    runner = CheckedTaskRunner(
+        ExGRPOTaskRunner, run_kwargs=lambda: {"driver": driver_info(), "run_token": run_token if watched else None}
+    )
+    try:
+        run_ppo(config, task_runner_class=runner)
+    except Exception as e:
+        cause = getattr(e, "cause", e)  # Ray's RayTaskError carries the task runner's exception as its cause
+        if not isinstance(cause, StageDeadlineError):
+            raise
+        ray.shutdown()
+        stopped = stacks.terminate_local(run_token, [os.getpid()])
+        remove_partial_checkpoint(cause.checkpoint_dir, cause.step)
+        if stopped:
+            print(f"[exgrpo] stopped {len(stopped)} leftover process(es) of the run on the driver's node", flush=True)
+        print(f"StageDeadlineError: {cause}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        stacks.forget(run_token)
 
 
 @hydra.main(config_path="config", config_name="exgrpo_trainer", version_base=None)
 def main(config):
     auto_set_device(config)
-    prepare_config(config)
+    run_token = new_run_token()
+    prepare_config(config, run_token)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    from recipe.exgrpo.ray_job import CheckedTaskRunner
-
-    # every node must import the recipe: checked once run_ppo has started Ray, before the task runner starts
-    run_ppo(config, task_runner_class=CheckedTaskRunner(ExGRPOTaskRunner))
+    run_stage_watched(config, run_token)
 
 
 if __name__ == "__main__":

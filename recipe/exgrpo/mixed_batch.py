@@ -5,19 +5,27 @@ Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with
 - ``generation_counts``: K rollouts per fresh question, K−1 per replayed one (nothing wasted on the stored
   trajectory, unlike the released code).
 - ``build_replay_members``: replayed-member rows of replay groups, made from a generated member of the same
-  group (same uid, prompt tokens and reward metadata) with stored response ids and behaviour log-probs.
+  group (same uid, prompt tokens and reward metadata) with the stored response ids, loss mask and behaviour
+  log-probs (a multi-turn trajectory: the model's turns and the tool outputs, the mask 0 on the latter).
 - ``append_candidates``: every candidate trajectory of every replayed question as such a row, appended to the
   generated rows, so that ONE old-log-prob pass gives both the old log-probs of the step and the per-token
   entropies that select the replayed trajectory (``candidate_token_stats``); ``keep_selected`` then drops the
   candidates that were not selected.
 - ``mark_replay_groups``: flags the rows of every replay group (the experience term of paper Eq. 4) and
   records the step's ρ, for ``exgrpo.weight_terms_by_ratio``.
-- ``collection_groups``: the step's groups as the core's collection takes them (docs/algorithm.md §3).
+- ``collection_groups``: the step's groups as the core's collection takes them (docs/algorithm.md §3): each
+  member's whole response after the prompt (tool outputs included), its loss mask and its behaviour log-probs.
+- ``replayed_row_digests``: what each replayed row carries (tokens, mask), for the step's trace.
+
+A response's length is its attention mask's count over the response columns, not its ``response_mask``'s: in a
+multi-turn row the mask is 0 on the tool outputs between the model's turns (docs/algorithm.md, "Multi-turn").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -25,6 +33,7 @@ from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
 from exgrpo.advantage import experience_group_rows
+from exgrpo.experience import masks
 from exgrpo.experience.pool import Candidate, GroupMember
 from exgrpo.experience.selection import CandidateTokenStats, SelectedTrajectory
 from recipe.exgrpo.dataset import QUESTION_ID_KEY
@@ -38,6 +47,12 @@ MIXED_KEY = "exgrpo_mixed"
 RATIO_KEY = "exgrpo_replay_ratio"
 # the row's group (uid) holds a replayed member: the experience term of paper Eq. 4 (weight_terms_by_ratio)
 EXPERIENCE_GROUP_KEY = "exgrpo_experience_group"
+#: verl's agent loop: turns of the exchange (user + assistant + tool), per row
+NUM_TURNS_KEY = "__num_turns__"
+#: verl's tool agent loop's per-trajectory records of its run (per turn scores, per tool call rewards): a replayed
+#: row has the keys (every row does) but no record of its own, since replay never runs the loop again: None, as verl
+#: fills a key a row's loop did not report
+TRAJECTORY_RECORD_KEYS = ("turn_scores", "tool_rewards")
 
 
 def generation_counts(num_fresh: int, num_replay: int, k: int) -> np.ndarray:
@@ -71,6 +86,21 @@ def mark_replay_groups(batch: DataProto, replay_ratio: float) -> None:
     batch.batch[RATIO_KEY] = torch.full((n,), float(replay_ratio), dtype=torch.float32)
 
 
+def response_lengths(batch: DataProto) -> torch.Tensor:
+    """Tokens of each row's response: its attention over the response columns (model turns and tool outputs)."""
+    width = batch.batch["responses"].shape[1]
+    return batch.batch["attention_mask"][:, -width:].sum(-1)
+
+
+def turn_count(mask: np.ndarray) -> int:
+    """verl's ``num_turns`` of an exchange from its loss mask: the model's turns (runs of 1) + the tool turns between
+    them (runs of 0) + the prompt's one; a single-turn response is 2, as verl's single-turn agent loop says."""
+    m = np.asarray(mask, dtype=bool)
+    if m.size == 0:
+        return 1
+    return int(np.count_nonzero(m[1:] != m[:-1])) + 2
+
+
 def _right_pad(seqs: Sequence[np.ndarray], length: int, pad_value, dtype) -> torch.Tensor:
     out = torch.full((len(seqs), length), pad_value, dtype=dtype)
     for i, s in enumerate(seqs):
@@ -93,34 +123,59 @@ def build_replay_members(
     response_ids: Sequence[np.ndarray],
     behaviour_log_probs: Sequence[np.ndarray],
     pad_token_id: int,
+    loss_masks: Sequence[np.ndarray | None] | None = None,
 ) -> DataProto:
     """The replayed members, one per row of ``template``.
 
     ``template`` holds one generated member of each replay group (after ``batch.union(gen_output)``): its
     prompt tokens, uid, data source, ground truth and every other per-row field are copied, then the response
-    is replaced by the stored one. The reward (``rm_scores``) is zeroed here: the caller re-scores the replayed
+    is replaced by the stored one: its tokens (all attended), its loss mask (``loss_masks[i]``, True per token the
+    model generated; None = all of them) as ``response_mask``, its behaviour log-probs (0.0 where the mask is 0).
+    Two per-row records of verl's agent loop describe the exchange, not the prompt, so they are the stored one's:
+    ``__num_turns__`` (counted from the mask) and the tool loop's :data:`TRAJECTORY_RECORD_KEYS` (None: no record,
+    the loop did not run for this row). The reward (``rm_scores``) is zeroed here: the caller re-scores the replayed
     members with the reward function like any other member (docs/algorithm.md §6).
     """
     n = len(template)
-    if not (n == len(response_ids) == len(behaviour_log_probs)):
+    loss_masks = [None] * n if loss_masks is None else list(loss_masks)
+    if not (n == len(response_ids) == len(behaviour_log_probs) == len(loss_masks)):
         raise ValueError(
             f"replay members: {n} template rows, {len(response_ids)} responses, "
-            f"{len(behaviour_log_probs)} behaviour log-prob rows; they must match"
+            f"{len(behaviour_log_probs)} behaviour log-prob rows, {len(loss_masks)} loss masks; they must match"
         )
     src = template.batch
     prompts = src["prompts"]
     resp_len = src["responses"].shape[1]
-    if src["position_ids"].dim() != 2:
-        raise ValueError("ExGRPO replay supports text models only (position_ids must be [batch, seq_len])")
-    for i, (ids, lp) in enumerate(zip(response_ids, behaviour_log_probs)):
+    # verl's agent loop gives every row a multi_modal_inputs entry, an empty dict for a text-only row
+    multi_modal = template.non_tensor_batch.get("multi_modal_inputs")
+    if src["position_ids"].dim() != 2 or (multi_modal is not None and any(bool(m) for m in multi_modal)):
+        raise ValueError(
+            "ExGRPO replay supports text models only (position_ids must be [batch, seq_len], no multi_modal_inputs): "
+            "a replayed row cannot rebuild the images or their positions of a stored trajectory"
+        )
+    model_masks = []
+    for i, (ids, lp, mask) in enumerate(zip(response_ids, behaviour_log_probs, loss_masks)):
         if len(ids) != len(lp):
             raise ValueError(f"replay member {i}: {len(ids)} response tokens but {len(lp)} behaviour log-probs")
+        mask = np.ones(len(ids), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        if mask.shape != (len(ids),):
+            raise ValueError(f"replay member {i}: {len(ids)} response tokens but a loss mask of {mask.shape}")
+        model_masks.append(mask)
 
     responses = _right_pad(response_ids, resp_len, pad_token_id, prompts.dtype)
-    response_mask = _right_pad([np.ones(len(s), dtype=np.int64) for s in response_ids], resp_len, 0, torch.int64)
+    attended = _right_pad([np.ones(len(s), dtype=np.int64) for s in response_ids], resp_len, 0, torch.int64)
+    response_mask = _right_pad([m.astype(np.int64) for m in model_masks], resp_len, 0, torch.int64)
     prompt_attention = src["attention_mask"][:, : prompts.shape[1]]
-    attention_mask = torch.cat([prompt_attention, response_mask.to(prompt_attention.dtype)], dim=1)
-    behaviour = _right_pad(behaviour_log_probs, resp_len, 0.0, torch.float32)
+    attention_mask = torch.cat([prompt_attention, attended.to(prompt_attention.dtype)], dim=1)
+    behaviour = _right_pad(
+        [
+            np.where(m, np.asarray(lp, dtype=np.float32), np.float32(0.0))
+            for lp, m in zip(behaviour_log_probs, model_masks)
+        ],
+        resp_len,
+        0.0,
+        torch.float32,
+    )
 
     out = DataProto(
         batch=src.clone(),
@@ -139,6 +194,12 @@ def build_replay_members(
         b["rm_scores"] = torch.zeros_like(b["rm_scores"])
     b[IS_REPLAY_KEY] = torch.ones(n, dtype=torch.bool)
     b[BEHAVIOUR_LOG_PROBS_KEY] = behaviour
+    nt = out.non_tensor_batch
+    if NUM_TURNS_KEY in nt:
+        nt[NUM_TURNS_KEY][:] = [turn_count(m) for m in model_masks]
+    for key in TRAJECTORY_RECORD_KEYS:
+        if key in nt:
+            nt[key] = np.full(n, None, dtype=object)
     return out
 
 
@@ -176,7 +237,11 @@ def append_candidates(
         return batch
     template = batch.select_idxs([int(replay_starts[r]) for r, group in enumerate(candidates) for _ in group])
     rows = build_replay_members(
-        template, [c.token_ids for c in flat], [c.behaviour_log_probs for c in flat], pad_token_id
+        template,
+        [c.token_ids for c in flat],
+        [c.behaviour_log_probs for c in flat],
+        pad_token_id,
+        [c.loss_mask for c in flat],
     )
     rows.batch[CANDIDATE_KEY] = torch.arange(len(flat), dtype=torch.int64)
     return DataProto.concat([batch, rows])
@@ -229,26 +294,88 @@ def keep_selected(batch: DataProto, selected: Sequence[int]) -> DataProto:
     return out
 
 
-def collection_groups(batch: DataProto) -> dict[str, list[GroupMember]]:
+#: ``ends_in_tool_call(response_ids, loss_mask) -> bool``: the exchange's last model turn holds a tool call that got
+#: no answer (``recipe.exgrpo.tool_turns.ToolCallDetector``)
+ToolCallCheck = Callable[[np.ndarray, np.ndarray], bool]
+
+
+def member_defect(
+    mask: np.ndarray, rollout_log_probs: np.ndarray | None, ends_in_tool_call: ToolCallCheck | None, ids: np.ndarray
+) -> str | None:
+    """What the trainer sees wrong with a generated trajectory before the pool checks its arrays (one of
+    ``exgrpo.experience.masks.DEFECTS``), or None.
+
+    ``inconsistent``: the rollout sampled a log-prob for a token its mask calls not the model's (verl's agent loop
+    gives those 0.0, the mask and the log-probs disagree). ``truncated``: its last model turn holds a tool call that
+    got no answer: the response length or a turn limit cut the exchange mid tool call (``ends_in_tool_call``).
+    """
+    if rollout_log_probs is not None and bool(np.any(rollout_log_probs[~mask] != 0.0)):
+        return masks.INCONSISTENT
+    if ends_in_tool_call is not None and ends_in_tool_call(ids, mask):
+        return masks.TRUNCATED
+    return None
+
+
+def collection_groups(batch: DataProto, ends_in_tool_call: ToolCallCheck | None = None) -> dict[str, list[GroupMember]]:
     """The step's groups for ``ExperienceManager.collect`` (docs/algorithm.md §3), keyed by question id.
 
-    Per row (after the rewards, ``token_level_scores``): the response ids under the response mask, the log-probs
-    of the policy that sampled it — this step's old log-probs for a generated row, the stored behaviour log-probs
-    for the replayed member — its reward and whether it is the replayed member. One group per question and step:
-    a question is never both replayed and fresh, nor drawn twice.
+    Per row (after the rewards, ``token_level_scores``): the whole response after the prompt (its attended tokens:
+    the model's turns and any tool outputs between them), its loss mask (``response_mask`` there; None when every
+    token is the model's), the log-probs of the policy that sampled it — this step's old log-probs for a generated
+    row, the stored behaviour log-probs for the replayed member — its reward, whether it is the replayed member, and
+    for a generated row what :func:`member_defect` finds (``ends_in_tool_call``: the check of a run whose rollouts
+    may call tools), as a function the pool calls for the members it would store only. One group per question and
+    step: a question is never both replayed and fresh, nor drawn twice.
     """
     scores = batch.batch["token_level_scores"].sum(-1).numpy()
     responses = batch.batch["responses"].numpy()
     resp_mask = batch.batch["response_mask"].bool().numpy()
+    lengths = response_lengths(batch).numpy()
     old_lp = batch.batch["old_log_probs"].float().numpy()
     is_replay = batch.batch[IS_REPLAY_KEY].numpy()
     behaviour = batch.batch[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
+    rollout = batch.batch["rollout_log_probs"].float().numpy() if "rollout_log_probs" in batch.batch.keys() else None
     qids = batch.non_tensor_batch[QUESTION_ID_KEY]
     members_by_question: dict[str, list[GroupMember]] = {}
     for i in range(len(batch)):
-        m = resp_mask[i]
-        lp = behaviour[i][m] if is_replay[i] else old_lp[i][m]
+        n = int(lengths[i])
+        mask = resp_mask[i, :n]
+        ids = responses[i, :n]
+        replayed = bool(is_replay[i])
+        lp = behaviour[i, :n] if replayed else old_lp[i, :n]
+        defect = None
+        if resp_mask[i, n:].any():  # a model token outside the response: the mask does not fit the row
+            defect = masks.INCONSISTENT
+        elif not replayed:  # checked only if the pool would store it (the tool-call check decodes a turn)
+            defect = partial(member_defect, mask, None if rollout is None else rollout[i, :n], ends_in_tool_call, ids)
         members_by_question.setdefault(str(qids[i]), []).append(
-            GroupMember(responses[i][m], lp, float(scores[i]), bool(is_replay[i]))
+            GroupMember(ids, lp, float(scores[i]), replayed, loss_mask=None if mask.all() else mask, defect=defect)
         )
     return members_by_question
+
+
+def _sha(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+
+
+def replayed_row_digests(batch: DataProto) -> list[dict]:
+    """Per replayed row, in row order (the order of the step's selected entries): its response length, model tokens,
+    SHA-256 (16 hex digits) of its token ids (int32) and of its loss mask (uint8) over that length, and the model
+    tokens its mask holds beyond it (0). The step's trace records them, so a test can hold them against the pool."""
+    rows = torch.nonzero(batch.batch[IS_REPLAY_KEY]).flatten().tolist()
+    lengths = response_lengths(batch)
+    out = []
+    for r in rows:
+        n = int(lengths[r])
+        ids = batch.batch["responses"][r, :n].numpy().astype(np.int32)
+        mask = batch.batch["response_mask"][r].numpy().astype(np.uint8)
+        out.append(
+            {
+                "length": n,
+                "model_tokens": int(mask[:n].sum()),
+                "tokens_sha": _sha(ids),
+                "mask_sha": _sha(mask[:n]),
+                "mask_beyond": int(mask[n:].sum()),
+            }
+        )
+    return out

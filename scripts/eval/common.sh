@@ -4,6 +4,10 @@
 # shellcheck disable=SC2034  # variables are read by the sourcing script
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=scripts/lib/python.sh
+source "$REPO_ROOT/scripts/lib/python.sh"
+PYTHON_HINT="bash scripts/install_gpu.sh installs the GPU stack (vLLM) into the current environment; with BACKEND=hf \
+bash scripts/setup_env.sh builds .venv, the CPU stack"
 MERGE_HINT="python -m verl.model_merger merge --backend fsdp --local_dir CKPT/global_step_N/actor \
 --target_dir CKPT/global_step_N/merged_hf"
 
@@ -16,6 +20,7 @@ eval_die() {
 # global_step_N/actor/huggingface holds only the config and tokenizer (the weights are FSDP shards in actor/).
 eval_require_model() {
   if [[ -n "${EVAL_CHECK_ONLY:-}" && "${EVAL_CHECK_ONLY}" != 0 ]]; then return 0; fi
+  if [[ "${DRY_RUN:-0}" == print ]]; then return 0; fi
   if [[ -z "${MODEL_PATH:-}" ]]; then
     eval_die "MODEL_PATH is not set; point it at a Hugging Face model directory with weights, e.g. the merged" \
       "checkpoint of a training run: $MERGE_HINT, then MODEL_PATH=CKPT/global_step_N/merged_hf bash scripts/eval/$1"
@@ -42,7 +47,7 @@ model_name() {
 }
 
 # eval_run SUITE DATA_FILE... -- EXTRA_FLAGS...: python -m exgrpo.eval run at the protocol's settings, one engine
-# replica per TP GPUs (N_GPUS / TP replicas)
+# replica per TP GPUs (N_GPUS / TP replicas). DRY_RUN=print prints the command instead of running it.
 eval_run() {
   local suite="$1" files=()
   shift
@@ -52,6 +57,7 @@ eval_run() {
     echo "[eval_$suite] data ok: ${files[*]}" >&2
     exit 0
   fi
+  [[ "${DRY_RUN:-0}" != print ]] || MODEL_PATH="${MODEL_PATH:-MODEL_PATH}"
   local n_gpus="${N_GPUS:-1}" tp="${TP:-1}" backend="${BACKEND:-vllm}" grading="${GRADING:-paper}" gate
   [[ "$n_gpus" =~ ^[1-9][0-9]*$ && "$tp" =~ ^[1-9][0-9]*$ ]] || eval_die "N_GPUS and TP must be positive integers"
   ((n_gpus % tp == 0)) || eval_die "TP=$tp must divide N_GPUS=$n_gpus (one engine replica per $tp GPUs)"
@@ -63,7 +69,15 @@ eval_run() {
               --reference "${REFERENCE:-table1}")
   [[ -n "${LABEL:-}" ]] && args+=(--label "$LABEL")
   cd "$REPO_ROOT" || exit 2
+  if [[ "${DRY_RUN:-0}" == print ]]; then
+    printf '%q ' "${PYTHON:-python}" -m exgrpo.eval "${args[@]}" "$@"
+    echo
+    exit 0
+  fi
+  local engine=torch
+  [[ "$backend" != vllm ]] || engine=vllm
+  exgrpo_pick_python "$REPO_ROOT" "eval_$suite" "$PYTHON_HINT" pyarrow math_verify transformers "$engine"
   echo "[eval_$suite] model=$MODEL_PATH data=${files[*]} out=$out_dir backend=$backend" \
     "replicas=$((n_gpus / tp)) x TP $tp grading=$grading" >&2
-  exec "${PYTHON:-python}" -m exgrpo.eval "${args[@]}" "$@"
+  exec "$PYTHON" -m exgrpo.eval "${args[@]}" "$@"
 }

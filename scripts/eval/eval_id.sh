@@ -22,6 +22,9 @@
 #   LABEL        row name in the table (default: from MODEL_PATH)
 #   REFERENCE    table1 (default), table5 or none: the paper's rows printed beside ours
 #   EVAL_CHECK_ONLY  1: only check that the data files exist (no model needed), then exit
+#   DRY_RUN      print: print the python -m exgrpo.eval command instead of running it (no model needed)
+#   PYTHON       default: an activated environment's python, else the checkout's .venv, else python on PATH (the
+#                first that has the packages; scripts/lib/python.sh)
 set -euo pipefail
 
 # shellcheck source=scripts/eval/common.sh

@@ -11,7 +11,8 @@
 #   N_GPUS       GPUs (default 1); TP GPUs per vLLM replica (default 1; N_GPUS / TP data-parallel replicas)
 #   OUT_DIR      lm-eval's --output_path (default outputs/eval/<experiment>/<global_step_N>/ifeval)
 #   LABEL        name of this run's row in the table (default: from MODEL_PATH)
-#   PYTHON       python of the environment with lm-eval (default python); DRY_RUN=print shows the command only
+#   PYTHON       python of the environment with lm-eval (default: the first of an activated environment's python,
+#                the checkout's .venv and python on PATH that has lm_eval and vllm); DRY_RUN=print shows the command only
 # Offline (no Hub on the GPU machine): run once where the Hub is reachable
 #   python -c 'import datasets; datasets.load_dataset("google/IFEval")'   # the prompts, into HF_DATASETS_CACHE
 #   python -m nltk.downloader punkt_tab                                    # the sentence tokenizer, into NLTK_DATA
@@ -22,7 +23,12 @@ set -euo pipefail
 # shellcheck source=scripts/eval/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 if [[ "${DRY_RUN:-0}" != print ]]; then eval_require_model eval_ifeval.sh; fi
-PYTHON="${PYTHON:-python}"
+if [[ "${DRY_RUN:-0}" == print ]]; then
+  PYTHON="${PYTHON:-python}"
+else
+  exgrpo_pick_python "$REPO_ROOT" eval_ifeval 'pip install "lm-eval[ifeval,vllm]==0.4.13" into the GPU environment' \
+    lm_eval vllm
+fi
 n_gpus="${N_GPUS:-1}" tp="${TP:-1}"
 [[ "$n_gpus" =~ ^[1-9][0-9]*$ && "$tp" =~ ^[1-9][0-9]*$ ]] || eval_die "N_GPUS and TP must be positive integers"
 ((n_gpus % tp == 0)) || eval_die "TP=$tp must divide N_GPUS=$n_gpus (one vLLM replica per $tp GPUs)"

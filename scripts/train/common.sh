@@ -18,20 +18,23 @@
 #   PROJECT_NAME     (default exgrpo); EXPERIMENT_NAME (default: the script's own)
 #   N_GPUS_PER_NODE  (default 8); NNODES (default 1); ROLLOUT_TP vLLM tensor parallel size (default: the script's)
 #   RAY_ADDRESS      a running Ray cluster to join (required when NNODES > 1; "auto" on its head node)
-#   PYTHON           python of the environment with verl 0.9.1 and vLLM (default: python)
+#   PYTHON           python of the environment with verl 0.9.1 and vLLM (default: an activated environment's
+#                    python, else the checkout's .venv, else python on PATH: the first that has the packages the
+#                    command needs; scripts/lib/python.sh). The scripts say which one they use.
 #   DRY_RUN          0 = launch (default); 1 = compose the full hydra config and validate it, print it, launch
 #                    nothing (unset paths get placeholders); print = print the hydra overrides only (no python)
 #   DRY_RUN_QUIET    1: with DRY_RUN=1, print only the one-line summary, not the resolved config
 #   PREFLIGHT        1 (default): a launch runs the DRY_RUN=1 checks first (about 20 s); 0 skips them
 #   CHECK_CONTEXT    1 (default): refuse a local model whose max_position_embeddings < prompt + response tokens
-#                    (vLLM would silently cut the responses short); 0 skips the check
+#                    (vLLM would silently cut the responses short; the dry run checks it too); 0 skips the check
 #   CHECK_RAY        1 (default): with RAY_ADDRESS, refuse to start when the cluster has fewer GPUs than
 #                    NNODES x N_GPUS_PER_NODE (verl would wait for them forever); 0 skips the check
 # Extra arguments of a launch script are hydra overrides appended last, so they win over the script's settings.
 
 EXGRPO_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 EXGRPO_TRAIN_DIR="$EXGRPO_REPO_ROOT/scripts/train"
-PYTHON="${PYTHON:-python}"
+# shellcheck source=scripts/lib/python.sh
+source "$EXGRPO_REPO_ROOT/scripts/lib/python.sh"
 # Released lengths (docs/algorithm.md §11); also used by the context-length check.
 EXGRPO_MAX_PROMPT_LENGTH=1024
 EXGRPO_MAX_RESPONSE_LENGTH=8192
@@ -57,6 +60,20 @@ case "${DRY_RUN:-0}" in
   print) EXGRPO_MODE=print ;;
   *) exgrpo_die "DRY_RUN=${DRY_RUN}: use 0 (launch), 1 (compose and validate the config) or print (the overrides)" ;;
 esac
+
+# exgrpo_use_python MODULE...: choose PYTHON once (scripts/lib/python.sh): the first interpreter that finds every
+# MODULE, and say which. With DRY_RUN=print no Python runs: PYTHON is then only the name shown.
+exgrpo_use_python() {
+  [[ -z "${EXGRPO_PYTHON_PICKED:-}" ]] || return 0
+  EXGRPO_PYTHON_PICKED=1
+  if [[ "$EXGRPO_MODE" == print ]]; then
+    PYTHON="${PYTHON:-python}"
+    return 0
+  fi
+  local hint="bash scripts/install_gpu.sh installs the GPU stack (verl 0.9.1, vLLM) into the current environment;"
+  hint+=" bash scripts/setup_env.sh builds .venv, the CPU stack, enough for DRY_RUN=1 (docs/launch_scripts.md)"
+  exgrpo_pick_python "$EXGRPO_REPO_ROOT" exgrpo "$hint" "$@"
+}
 
 # --- values ----------------------------------------------------------------------------------------------------
 
@@ -343,13 +360,24 @@ exgrpo_launch() {
   cd "$EXGRPO_REPO_ROOT"
   export PYTHONPATH="$EXGRPO_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
   case "$EXGRPO_MODE" in
+    check) exgrpo_use_python omegaconf hydra verl ;;
+    launch) exgrpo_use_python omegaconf hydra verl ray vllm ;;
+  esac
+  case "$EXGRPO_MODE" in
     print)
       printf '%s\n' "$EXGRPO_PRINT_BEGIN" "${args[@]}" "$EXGRPO_PRINT_END"
       ;;
     check)
+      # the launch's own checks, as far as they can run here (the model's context is checked by the dry run)
+      exgrpo_check_think_template
+      if [[ -n "${RAY_ADDRESS:-}" && "${CHECK_RAY:-1}" == 1 ]]; then
+        exgrpo_log "dry run, not checked: the GPUs of the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS (a launch asks" \
+          "the cluster first; CHECK_RAY=0 skips that)"
+      fi
       local opts=()
       [[ "${DRY_RUN_QUIET:-0}" != 1 ]] || opts+=(--quiet)
-      # Real paths are checked too; placeholders (CI, no models) are not.
+      # Every path given: each must exist, as in a launch. With a placeholder (CI, no models) the dry run checks the
+      # paths that exist here and lists the checks it could not run.
       ((${#EXGRPO_PLACEHOLDERS[@]})) || opts+=(--check-paths)
       exgrpo_log "dry run: $PYTHON -m recipe.exgrpo.dry_run ${opts[*]} -- <${#args[@]} overrides>"
       exec "$PYTHON" -m recipe.exgrpo.dry_run "${opts[@]}" -- "${args[@]}"
@@ -443,6 +471,12 @@ exgrpo_reproduce() {
     shift
   done
   (($#)) && shift # the "--"; what is left are the extra overrides
+  # the merge (verl) and the evaluation (vLLM) run with this Python; a dry run only shows them
+  if [[ "$EXGRPO_MODE" == launch ]]; then
+    exgrpo_use_python verl vllm math_verify pyarrow
+  else
+    EXGRPO_PICK_SOFT=1 exgrpo_use_python verl
+  fi
   local stages=",${STAGES:-train,eval,table}," stage
   for stage in ${stages//,/ }; do
     [[ "$stage" =~ ^(train|eval|table)$ ]] || exgrpo_die "STAGES=$STAGES: the stages are train, eval and table"
@@ -536,6 +570,9 @@ exgrpo_ray_cli() {
   (($#)) && shift
   N_GPUS_PER_NODE="${N_GPUS_PER_NODE:-8}"
   local port="${RAY_PORT:-6379}"
+  if [[ "$cmd" == ray-* ]]; then
+    if [[ "$EXGRPO_MODE" == launch ]]; then exgrpo_use_python ray; else EXGRPO_PICK_SOFT=1 exgrpo_use_python ray; fi
+  fi
   case "$cmd" in
     ray-head)
       # The dashboard serves Ray's Jobs API, which runs whatever code it is sent: loopback only unless asked.
@@ -546,9 +583,10 @@ exgrpo_ray_cli() {
       fi
       exgrpo_ray_auth head
       exgrpo_ray start --head --port="$port" --num-gpus="$N_GPUS_PER_NODE" --dashboard-host="$dashboard_host" "$@"
-      local ip
+      local ip started="head started. On every other node"
       ip="$(hostname -I 2>/dev/null | awk '{print $1}')"
-      exgrpo_log "head started. On every other node (with the same token, see docs/launch_scripts.md):"
+      [[ "$EXGRPO_MODE" == launch ]] || started="dry run: nothing was started. After a real ray-head, on every other node"
+      exgrpo_log "$started (with the same token, see docs/launch_scripts.md):"
       exgrpo_log "  bash scripts/train/common.sh ray-worker ${ip:-HEAD_IP}:$port"
       exgrpo_log "then here:  NNODES=<nodes> RAY_ADDRESS=auto bash scripts/train/<script>.sh"
       ;;
@@ -587,7 +625,19 @@ EOF
       ;;
     ray-status)
       exgrpo_ray_auth client
-      exgrpo_ray status "$@"
+      if [[ "$EXGRPO_MODE" != launch ]]; then
+        exgrpo_ray status "$@"
+        return 0
+      fi
+      # Ray answers "no cluster" with a traceback: keep its last line and say what to do
+      local out last
+      if ! out="$(PYTHONPATH="$EXGRPO_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m ray.scripts.scripts status \
+        "$@" 2>&1)"; then
+        last="$(grep -v '^[[:space:]]*$' <<<"$out" | tail -n 1)"
+        exgrpo_die "ray status failed: ${last%.}. Is a cluster running? Start" \
+          "one with 'bash scripts/train/common.sh ray-head' (and RAY_ADDRESS=HOST:PORT for another node's)"
+      fi
+      printf '%s\n' "$out"
       ;;
     ray-stop) exgrpo_ray stop "$@" ;;
     *)

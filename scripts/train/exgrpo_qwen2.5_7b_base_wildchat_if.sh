@@ -18,8 +18,9 @@
 #   RM_GPUS_PER_NODE  0 (default): colocated, the reward model shares the actor's GPUs and scores each step's
 #                     responses once the rollout sleeps; N > 0: its own pool of N GPUs per node, scoring as the
 #                     responses are generated, and the actor gets N_GPUS_PER_NODE - N of them. verl 0.9.1 cannot
-#                     score a reward model in its own pool by itself (docs/launch_scripts.md): that needs a reward
-#                     function calling the model (reward.custom_reward_function.path=...), else the dry run refuses
+#                     score a reward model in its own pool by itself (docs/launch_scripts.md): the script then scores
+#                     through the recipe's reward function that calls the model's router
+#                     (recipe/exgrpo/reward_model_client.py) and keeps the model awake (free_cache_engine=false)
 #   RM_GPU_MEMORY     the reward model's vLLM gpu_memory_utilization (default 0.5)
 set -euo pipefail
 # shellcheck source=scripts/train/common.sh
@@ -32,7 +33,7 @@ RM_GPU_MEMORY="${RM_GPU_MEMORY:-0.5}"
 [[ "$NODE_GPUS" =~ ^[1-9][0-9]*$ ]] || exgrpo_die "N_GPUS_PER_NODE must be a positive integer, got '$NODE_GPUS'"
 exgrpo_positive_int RM_TP
 [[ "$RM_GPUS_PER_NODE" =~ ^[0-9]+$ ]] || exgrpo_die "RM_GPUS_PER_NODE must be 0 (colocated) or a GPU count"
-# the dry run checks that the actor's GPUs and the reward model's add up to the nodes' (recipe/exgrpo/dry_run.py)
+# the dry run checks that the actor's GPUs and the reward model's add up to the nodes' (recipe/exgrpo/tools/dry_run/)
 export EXGRPO_GPUS_PER_NODE="$NODE_GPUS"
 if ((RM_GPUS_PER_NODE > 0)); then
   ((RM_GPUS_PER_NODE < NODE_GPUS)) ||
@@ -75,6 +76,13 @@ if ((RM_GPUS_PER_NODE > 0)); then
     reward.reward_model.enable_resource_pool=true
     "reward.reward_model.n_gpus_per_node=$RM_GPUS_PER_NODE"
     "reward.reward_model.nnodes=$NNODES"
+    # verl scores each response as it is generated; its own scoring of a discriminative model fails there in 0.9.1:
+    # the recipe's reward function asks the model through the router address verl passes it
+    reward.custom_reward_function.path=pkg://recipe.exgrpo.reward_model_client
+    reward.custom_reward_function.name=compute_score
+    "+reward.custom_reward_function.reward_kwargs.model=$(exgrpo_hydra_value "$RM_PATH")"
+    # verl puts the model to sleep after start-up and only the trainer's own scoring calls wake it: keep it awake
+    reward.reward_model.rollout.free_cache_engine=false
   )
 fi
 exgrpo_launch "$@"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from exgrpo.config import ExGRPOConfig
-from exgrpo.experience.manager import ExperienceManager
-from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, read_metrics
+from tests.e2e.helpers import assert_resume_repeats_the_next_draw, launch_ok, read_trace
 
 pytestmark = [pytest.mark.slow]
 
@@ -38,11 +38,6 @@ MAX_ROLLOUT_ACTOR_GAP = 1e-3
 SAVE_FREQ = 10
 # ~7 minutes on a quiet 2-core machine; the bound is for an oversubscribed one (the watchdog kills a run past it)
 WALL_LIMIT_S = 1200
-
-
-def _trace(run_dir: Path) -> list[dict]:
-    path = run_dir / "checkpoints" / "exgrpo_trace.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _run(out: Path, ray_temp_dir: str, assets, steps: int, **kw) -> list[dict]:
@@ -60,16 +55,14 @@ def _run(out: Path, ray_temp_dir: str, assets, steps: int, **kw) -> list[dict]:
         extra_overrides=["exgrpo.replay_reward=stored"],
         **kw,
     )
-    result = launch(run, assets, echo=False)
-    assert not result.timed_out, f"the run hit its wall-clock limit\n{result.log_tail()}"
-    assert result.returncode == 0, f"the run failed (rc={result.returncode})\n{result.log_tail()}"
+    launch_ok(run, assets)
     return [m for m in read_metrics(out) if "exgrpo/reward/mean" in m]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, cpu_assets):
+def uninterrupted(tmp_path_factory, new_ray_temp_dir, cpu_assets):
     out = tmp_path_factory.mktemp("continuous") / "uninterrupted"
-    steps = _run(out, str(tmp_path_factory.mktemp("ray")), cpu_assets, STEPS, save_freq=SAVE_FREQ)
+    steps = _run(out, new_ray_temp_dir(), cpu_assets, STEPS, save_freq=SAVE_FREQ)
     return out, steps
 
 
@@ -104,30 +97,21 @@ def test_continuous_exgrpo_learns_a_graded_reward_and_replays(uninterrupted):
 
 
 @pytest.mark.timeout(WALL_LIMIT_S + 120)
-def test_continuous_resume_restores_state_and_repeats_the_next_draw(uninterrupted, tmp_path_factory, cpu_assets):
+def test_continuous_resume_restores_state_and_repeats_the_next_draw(
+    uninterrupted, tmp_path_factory, new_ray_temp_dir, cpu_assets
+):
     out_u, _ = uninterrupted
     saved = out_u / "checkpoints" / f"global_step_{SAVE_FREQ}"
     out_r = tmp_path_factory.mktemp("continuous_resume") / "resumed"
     steps_r = _run(
         out_r,
-        str(tmp_path_factory.mktemp("ray")),
+        new_ray_temp_dir(),
         cpu_assets,
         SAVE_FREQ + 1,
         resume_mode="resume_path",
         resume_from_path=str(saved),
     )
     assert [int(m["step"]) for m in steps_r] == [SAVE_FREQ + 1]
-    trace_u, trace_r = _trace(out_u), _trace(out_r)
-    (resume,) = [r for r in trace_r if r["event"] == "resume"]
-    assert resume["global_steps"] == SAVE_FREQ
     cfg = ExGRPOConfig.from_dict(json.loads((saved / "exgrpo" / "pool" / "header.json").read_text())["extra"]["config"])
     assert cfg.reward_mode == "continuous"
-    reference = ExperienceManager(cfg)
-    trainer_state = reference.load(saved / "exgrpo")
-    assert resume["state_digest"] == reference.state_digest()
-    assert resume["leftover_rows"] == trainer_state["leftover_rows"]
-    next_u = next(r for r in trace_u if r["event"] == "step" and r["step"] == SAVE_FREQ + 1)
-    next_r = next(r for r in trace_r if r["event"] == "step" and r["step"] == SAVE_FREQ + 1)
-    assert next_r["replay_question_ids"] == next_u["replay_question_ids"] and next_u["replay_question_ids"]
-    assert next_r["fresh_rows"] == next_u["fresh_rows"]
-    assert next_r["selected_entry_ids"] == next_u["selected_entry_ids"]
+    assert_resume_repeats_the_next_draw(read_trace(out_u), read_trace(out_r), saved_step=SAVE_FREQ, expect_replay=True)

@@ -11,8 +11,9 @@ just as fast). Each failure this is meant to catch leaves the reward where it st
   the initial policy, so the sampled reward cannot rise; the rollout-vs-actor log-prob gap also shows it;
 - a wrong sign on the advantage or the loss: the reward goes down.
 
-The margins are wide (ceiling 1.0, pass mark 0.8 for the last three steps, at least +0.25 over step 1); the
-figures of a real run are in docs/learning.md.
+The margins are wide (ceiling 1.0, pass mark 0.7 for the last three steps, at least +0.25 over step 1: under each
+fault above the last three steps stayed at 0.0-0.5 and gained nothing); the figures of real runs are in
+docs/learning.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, read_metrics
+from tests.e2e.helpers import launch_ok
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,7 +33,8 @@ QUESTIONS = 16
 K = 8
 # Adam on a 157k-parameter model: 1e-4 moves each weight too little per step, 2e-3 overshoots (docs/learning.md)
 LR = 1e-3
-END_AT_LEAST = 0.8
+# healthy runs of the ExGRPO arm ended at 0.93, 0.79 (CI, four test sessions sharing the cores) and 0.91
+END_AT_LEAST = 0.7
 GAIN_AT_LEAST = 0.25
 # rollout and actor compute the same log-probs when the rollout serves the updated weights (~1e-6 in float32);
 # one step at this learning rate moves them by ~1e-2
@@ -48,12 +51,10 @@ def _learn(tmp_path: Path, ray_temp_dir: str, assets, exgrpo_enable: bool) -> li
         lr=LR,
         exgrpo_enable=exgrpo_enable,
         reward_fn_path=str(EVEN_REWARD),
-        wall_limit_s=600,
+        wall_limit_s=900,
         ray_temp_dir=ray_temp_dir,
     )
-    result = launch(run, assets, echo=False)
-    assert not result.timed_out, f"the run hit its wall-clock limit\n{result.log_tail()}"
-    assert result.returncode == 0, f"the run failed (rc={result.returncode})\n{result.log_tail()}"
+    launch_ok(run, assets)
     steps = [m for m in read_metrics(run.output_dir) if "exgrpo/sampled_pass_rate" in m]
     assert [int(m["step"]) for m in steps] == list(range(1, STEPS + 1))
     return steps
@@ -74,14 +75,14 @@ def _check_learned(steps: list[dict]) -> None:
     assert all(m["actor/grad_norm"] > 0 for m in steps), [m["actor/grad_norm"] for m in steps]
 
 
-@pytest.mark.timeout(720)
+@pytest.mark.timeout(1020)
 def test_grpo_learns_an_easy_reward(tmp_path, ray_temp_dir, cpu_assets):
     steps = _learn(tmp_path, ray_temp_dir, cpu_assets, exgrpo_enable=False)
     _check_learned(steps)
     assert all(m.get("exgrpo/replayed_questions", 0) == 0 for m in steps)
 
 
-@pytest.mark.timeout(720)
+@pytest.mark.timeout(1020)
 def test_exgrpo_learns_an_easy_reward(tmp_path, ray_temp_dir, cpu_assets):
     steps = _learn(tmp_path, ray_temp_dir, cpu_assets, exgrpo_enable=True)
     _check_learned(steps)

@@ -13,54 +13,29 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 
 from recipe.exgrpo.cpu.hf_rollout import DUMP_FILE
-from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides
+from recipe.exgrpo.cpu.run_config import cpu_env, cpu_overrides
+from tests.e2e.helpers import cpu_run_spec, ray_started, read_jsonl, wait_none_left
 
 STEPS = 3
-RUN_TIMEOUT_S = 360
+RUN_TIMEOUT_S = 720
 # How long the run's Ray processes may take to exit after the driver did. Generous on purpose: this checks that
 # they exit (clean-up happens), not how fast a loaded machine is; a process that never exits still fails.
 CLEANUP_DEADLINE_S = 120
-
-
-def run_processes(ray_temp_dir: str) -> list[psutil.Process]:
-    """Live processes of the run, wherever they are: Ray puts its private temp dir on their command lines."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if ray_temp_dir in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def wait_none_left(ray_temp_dir: str, deadline_s: float = 60) -> list[psutil.Process]:
-    """After the session was killed: wait (generously) until no process of the run is left; return survivors."""
-    end = time.monotonic() + deadline_s
-    while (left := run_processes(ray_temp_dir)) and time.monotonic() < end:
-        time.sleep(0.5)
-    return left
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# The wall-clock limit of the watchdog test: long enough for Ray to be up when it strikes (about 10-15 s after the
+# launch on a quiet 2-core machine), so that its processes being gone afterwards shows the watchdog killed them.
+WATCHDOG_LIMIT_S = 60
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + CLEANUP_DEADLINE_S + 120)
 def test_verl_main_ppo_grpo_legacy_trainer_on_cpu(cpu_assets, toy_reward_path, ray_temp_dir, run_cpu_job, tmp_path):
-    spec = CpuRunSpec(
-        model_path=str(cpu_assets.model_path),
-        train_files=str(cpu_assets.train_file),
-        val_files=str(cpu_assets.val_file),
-        output_dir=str(tmp_path),
+    spec = cpu_run_spec(
+        cpu_assets,
+        tmp_path,
         reward_fn_path=str(toy_reward_path),
         total_training_steps=STEPS,
         train_batch_size=4,
@@ -115,13 +90,13 @@ def test_verl_main_ppo_grpo_legacy_trainer_on_cpu(cpu_assets, toy_reward_path, r
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_legacy_rollout_manager_generates_per_prompt_sample_counts(cpu_assets, ray_temp_dir, run_cpu_job, tmp_path):
     """ExGRPO's mixed step needs K samples for fresh prompts and K-1 for replayed ones: an already-expanded batch
     with uneven repeats goes through verl's own agent-loop manager and comes back one response per row."""
     counts = [4, 3, 4, 3]
-    env = {**cpu_env(output_dir=tmp_path, wall_limit_s=240), "EXGRPO_RAY_TEMP_DIR": ray_temp_dir}
-    args = ["-m", "recipe.exgrpo.cpu.expanded_generation", "--out", str(tmp_path), "--counts", "4,3,4,3"]
+    env = {**cpu_env(output_dir=tmp_path, wall_limit_s=480), "EXGRPO_RAY_TEMP_DIR": ray_temp_dir}
+    args = ["-m", "tests.e2e.expanded_generation_probe", "--out", str(tmp_path), "--counts", "4,3,4,3"]
     result = run_cpu_job(args, env, 260, tmp_path / "probe.log")
     assert result.returncode == 0, (
         f"probe failed (rc={result.returncode}, timeout={result.timed_out}):\n{result.log_tail()}"
@@ -134,30 +109,25 @@ def test_legacy_rollout_manager_generates_per_prompt_sample_counts(cpu_assets, r
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90 + CLEANUP_DEADLINE_S + 90)
+@pytest.mark.timeout(WATCHDOG_LIMIT_S + 75 + CLEANUP_DEADLINE_S + 90)
 def test_wall_clock_limit_stops_the_run_and_its_ray_processes(
     cpu_assets, toy_reward_path, ray_temp_dir, run_cpu_job, tmp_path
 ):
-    spec = CpuRunSpec(
-        model_path=str(cpu_assets.model_path),
-        train_files=str(cpu_assets.train_file),
-        val_files=str(cpu_assets.val_file),
-        output_dir=str(tmp_path),
-        reward_fn_path=str(toy_reward_path),
-        total_training_steps=1000,
-        ray_temp_dir=ray_temp_dir,
+    spec = cpu_run_spec(
+        cpu_assets, tmp_path, reward_fn_path=str(toy_reward_path), total_training_steps=1000, ray_temp_dir=ray_temp_dir
     )
-    limit_s = 15
-    env = cpu_env(output_dir=tmp_path, wall_limit_s=limit_s)
+    env = cpu_env(output_dir=tmp_path, wall_limit_s=WATCHDOG_LIMIT_S)
     result = run_cpu_job(
         ["-m", "verl.trainer.main_ppo", *cpu_overrides(spec)],
         env,
-        90,
+        WATCHDOG_LIMIT_S + 75,
         tmp_path / "run.log",
         leftover_grace_s=CLEANUP_DEADLINE_S,
     )
     assert not result.timed_out, "the watchdog did not stop the run; the outer timeout did"
     assert result.returncode == 124, result.log_tail()
-    assert "wall-clock limit of 15 s reached" in result.log_path.read_text(errors="replace")
+    assert f"wall-clock limit of {WATCHDOG_LIMIT_S} s reached" in result.log_path.read_text(errors="replace")
+    # Ray had started, so "none of its processes is left" below is about processes that existed
+    assert ray_started(ray_temp_dir), f"Ray had not started when the watchdog struck:\n{result.log_tail()}"
     assert result.leftover_pids == [], f"processes of the run still alive {CLEANUP_DEADLINE_S} s after the watchdog"
     assert wait_none_left(ray_temp_dir) == [], "processes of the run escaped its session and survived the kill"

@@ -7,9 +7,9 @@ server replica, the bucketed shared-memory weight transfer after every update an
   rollout's log-probs match the actor's after every update (the weight sync works), and a resume from a checkpoint
   draws what the uninterrupted run draws;
 - on-policy GRPO (``exgrpo.enable=false``) through the same path;
-- a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging; and, on
-  request (``EXGRPO_RUN_NEGATIVE_CONTROL=1``; its result is recorded in docs/cpu_backend.md), skipped weight syncs
-  fail the agreement check (tests/e2e/vllm_faults.py injects both faults).
+- a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging, and
+  skipped weight syncs fail the agreement check (the negative control; its figures are in docs/cpu_backend.md;
+  tests/e2e/vllm_faults.py injects both faults).
 
 Each run is ~1.5 minutes on 2 cores (vLLM's start-up is ~30 s of it).
 """
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu_demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics
+from tests.e2e.helpers import assert_ran, assert_resume_repeats_the_next_draw, read_jsonl, read_trace
 
 pytestmark = [pytest.mark.slow]
 
@@ -36,7 +37,6 @@ FAULTS_MODULE = "tests.e2e.vllm_faults"
 # a backstop against a hang, not a timing check: a run takes ~2 minutes on a quiet 2-core machine, several times
 # that on a busy one
 WALL_LIMIT_S = 1500
-NEGATIVE_CONTROL_ENV = "EXGRPO_RUN_NEGATIVE_CONTROL"
 
 
 def _run(tmp: Path, name: str, python: str, assets, ray_temp_dir: str, **kw) -> tuple[Path, list[dict], object]:
@@ -59,11 +59,6 @@ def _run(tmp: Path, name: str, python: str, assets, ray_temp_dir: str, **kw) -> 
     return out, read_metrics(out), result
 
 
-def _ok(name: str, result) -> None:
-    assert not result.timed_out, f"run {name} hit its wall-clock limit\n{result.log_tail()}"
-    assert result.returncode == 0, f"run {name} failed\n{result.log_tail()}"
-
-
 def _steps(metrics: list[dict]) -> list[dict]:
     return [m for m in metrics if "exgrpo/batch_pass_rate" in m]
 
@@ -75,12 +70,10 @@ def _check_agreement(steps: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def exgrpo_on_vllm(tmp_path_factory, vllm_python, vllm_assets):
+def exgrpo_on_vllm(tmp_path_factory, new_ray_temp_dir, vllm_python, vllm_assets):
     tmp = tmp_path_factory.mktemp("vllm_exgrpo")
-    out, metrics, result = _run(
-        tmp, "uninterrupted", vllm_python, vllm_assets, str(tmp_path_factory.mktemp("ray")), save_freq=2
-    )
-    _ok("uninterrupted", result)
+    out, metrics, result = _run(tmp, "uninterrupted", vllm_python, vllm_assets, new_ray_temp_dir(), save_freq=2)
+    assert_ran("uninterrupted", result)
     return out, metrics
 
 
@@ -103,7 +96,7 @@ def test_exgrpo_on_vllm_replays_in_one_actor_pass_with_synced_weights(exgrpo_on_
 
 @pytest.mark.timeout(1800)
 def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
-    exgrpo_on_vllm, tmp_path_factory, vllm_python, vllm_assets
+    exgrpo_on_vllm, tmp_path_factory, new_ray_temp_dir, vllm_python, vllm_assets
 ):
     out_u, _ = exgrpo_on_vllm
     saved = out_u / "checkpoints" / "global_step_2"
@@ -113,24 +106,14 @@ def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
         "resumed",
         vllm_python,
         vllm_assets,
-        str(tmp_path_factory.mktemp("ray")),
+        new_ray_temp_dir(),
         resume_mode="resume_path",
         resume_from_path=str(saved),
         steps=3,
     )
-    _ok("resumed", result)
+    assert_ran("resumed", result)
 
-    def trace(run_dir: Path) -> list[dict]:
-        path = run_dir / "checkpoints" / "exgrpo_trace.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    trace_u, trace_r = trace(out_u), trace(out_r)
-    assert [r["global_steps"] for r in trace_r if r["event"] == "resume"] == [2]
-    step3_u = next(r for r in trace_u if r["event"] == "step" and r["step"] == 3)
-    step3_r = next(r for r in trace_r if r["event"] == "step" and r["step"] == 3)
-    assert step3_r["replay_question_ids"] == step3_u["replay_question_ids"]
-    assert step3_r["fresh_rows"] == step3_u["fresh_rows"]
-    assert step3_r["selected_entry_ids"] == step3_u["selected_entry_ids"]
+    assert_resume_repeats_the_next_draw(read_trace(out_u), read_trace(out_r), saved_step=2)
     steps = _steps(metrics_r)
     assert [int(m["step"]) for m in steps] == [3]
     _check_agreement(steps)  # the resumed actor's weights reached the fresh engine before step 3
@@ -139,7 +122,7 @@ def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
 @pytest.mark.timeout(1800)
 def test_onpolicy_grpo_on_vllm(tmp_path, ray_temp_dir, vllm_python, vllm_assets):
     _, metrics, result = _run(tmp_path, "grpo", vllm_python, vllm_assets, ray_temp_dir, exgrpo_enable=False, steps=3)
-    _ok("grpo", result)
+    assert_ran("grpo", result)
     steps = _steps(metrics)
     assert [int(m["step"]) for m in steps] == [1, 2, 3]
     assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1, 1, 1]
@@ -168,10 +151,6 @@ def test_a_weight_sync_that_fails_in_the_engine_stops_the_run_with_a_named_error
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(
-    os.environ.get(NEGATIVE_CONTROL_ENV) != "1",
-    reason=f"the negative control runs on request ({NEGATIVE_CONTROL_ENV}=1); its result is in docs/cpu_backend.md",
-)
 def test_negative_control_skipped_weight_syncs_fail_the_agreement_check(
     tmp_path, ray_temp_dir, vllm_python, vllm_assets, monkeypatch
 ):
@@ -180,7 +159,7 @@ def test_negative_control_skipped_weight_syncs_fail_the_agreement_check(
     monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", FAULTS_MODULE)
     monkeypatch.setenv("EXGRPO_TEST_FAULT", "skip_weight_sync")
     _, metrics, result = _run(tmp_path, "stale", vllm_python, vllm_assets, ray_temp_dir, exgrpo_enable=False, steps=3)
-    _ok("stale", result)
+    assert_ran("stale", result)
     assert "[vllm_faults] weight sync after step 1 skipped" in result.log_path.read_text(errors="replace")
     steps = _steps(metrics)
     _check_agreement(steps[:1])  # step 1 samples the weights of the one sync that ran
@@ -216,42 +195,31 @@ def test_evaluation_on_vllm_survives_a_sigkill_and_resumes(tmp_path, vllm_python
     import time
 
     from exgrpo.eval.generate import read_generations
-    from recipe.exgrpo.cpu.procs import kill_session
+    from recipe.exgrpo.cpu.procs import new_session, run_captured
 
     out = tmp_path / "eval"
     generations = out / "generations" / f"{vllm_assets.val_file.stem}.jsonl"
     total = 3 * EVAL_ROWS_PER_LEVEL * EVAL_SAMPLES
-    log = (tmp_path / "first.log").open("w")
-    first = subprocess.Popen(
-        _eval_command(vllm_python, vllm_assets, out), cwd=repo_root, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + WALL_LIMIT_S
-    written = 0
-    while time.monotonic() < deadline and first.poll() is None:
-        written = len(read_generations(generations)) if generations.exists() else 0
-        if written >= 2 * EVAL_SAMPLES:
-            break
-        time.sleep(0.1)
-    assert first.poll() is None, (
-        f"the first run ended before it could be killed:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
-    )
-    assert written >= 2 * EVAL_SAMPLES, (
-        f"no generation was written in time:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
-    )
-    os.killpg(first.pid, signal.SIGKILL)
-    kill_session(first.pid)  # vLLM's engine processes too
-    first.wait(30)
+    first_log = tmp_path / "first.log"
+    # each command in its own session, killed however the block is left (vLLM's engine processes included)
+    with first_log.open("w") as log, new_session(
+        _eval_command(vllm_python, vllm_assets, out), cwd=repo_root, stdout=log, stderr=subprocess.STDOUT
+    ) as first:  # fmt: skip
+        deadline = time.monotonic() + WALL_LIMIT_S
+        written = 0
+        while time.monotonic() < deadline and first.poll() is None:
+            written = len(read_generations(generations)) if generations.exists() else 0
+            if written >= 2 * EVAL_SAMPLES:
+                break
+            time.sleep(0.1)
+        assert first.poll() is None, f"the first run ended before it could be killed:\n{first_log.read_text()[-3000:]}"
+        assert written >= 2 * EVAL_SAMPLES, f"no generation was written in time:\n{first_log.read_text()[-3000:]}"
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
     before = read_generations(generations)
     assert EVAL_SAMPLES <= len(before) < total, f"{len(before)} of {total} samples before the kill"
 
-    second = subprocess.run(
-        _eval_command(vllm_python, vllm_assets, out),
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=WALL_LIMIT_S,
-    )
+    second = run_captured(_eval_command(vllm_python, vllm_assets, out), timeout_s=WALL_LIMIT_S, cwd=repo_root)
     assert second.returncode == 0, second.stderr[-4000:]
     after = read_generations(generations)
     assert len(after) == total
@@ -260,10 +228,16 @@ def test_evaluation_on_vllm_survives_a_sigkill_and_resumes(tmp_path, vllm_python
     results = json.loads((out / "results.json").read_text())
     levels = {f"toy_arithmetic_{level}" for level in ("easy", "medium", "hard")}
     assert set(results["benchmarks"]) == levels
+    graded = read_jsonl(out / "scores" / f"{vllm_assets.val_file.stem}.jsonl")
     for name in levels:
         bench = results["benchmarks"][name]
         assert bench["num_questions"] == EVAL_ROWS_PER_LEVEL and bench["samples_per_question"] == EVAL_SAMPLES
-        assert 0.0 <= bench["score"] <= 100.0
+        # the reported score is the mean of the graded samples of that level, in percent
+        scores = [g["score"] for g in graded if g["benchmark"] == name]
+        assert len(scores) == EVAL_ROWS_PER_LEVEL * EVAL_SAMPLES, name
+        assert bench["score"] == pytest.approx(100 * sum(scores) / len(scores)), name
     assert results["metadata"]["backend"] == "vllm"
     assert results["metadata"]["versions"]["vllm"].endswith("+cpu")
-    assert (out / "table.md").read_text().count("toy_arithmetic_") == 3
+    # data that is not the paper's benchmarks gets one column per benchmark (and a row each in the details)
+    header = (out / "table.md").read_text().splitlines()[0]
+    assert [cell.strip() for cell in header.strip("|").split("|")] == ["Model", *sorted(levels)]

@@ -24,22 +24,22 @@ if FAULT == "skip_weight_sync":
     # update, the KV-cache reset) still runs, as it would with a sender that silently sends nothing. Skipping the
     # whole CheckpointEngineManager.update_weights instead also skips the wake-up, and the next generation waits
     # for ever on a paused engine.
-    from verl.workers.rollout import base as _rollout_base
+    from recipe.exgrpo import verl_compat
 
-    _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = "tests.e2e.vllm_faults_adapter.SkippingServerAdapter"
+    verl_compat.register_rollout_adapter("vllm", "async", "tests.e2e.vllm_faults_adapter.SkippingServerAdapter")
 
 elif FAULT == "no_weight_sync_fix" and "vllm" in sys.modules:
     # In the engine worker vLLM is imported before verl (and so before this module): mark vLLM's own dispatch as
     # already fixed, so that recipe.exgrpo.cpu.vllm_rollout.apply_weight_sync_fix leaves it in place.
-    from vllm.model_executor.layers import utils as _layer_utils
+    from recipe.exgrpo import verl_compat
 
-    _original = _layer_utils.dispatch_cpu_unquantized_gemm
+    _original = verl_compat.cpu_gemm_dispatch()
 
     def _unfixed(layer, remove_weight):
         return _original(layer, remove_weight)
 
     _unfixed._exgrpo_keeps_weight = True
-    _layer_utils.dispatch_cpu_unquantized_gemm = _unfixed
+    verl_compat.replace_cpu_gemm_dispatch(_unfixed)
     print("[vllm_faults] the vLLM engine runs without the weight-sync fix", file=sys.stderr, flush=True)
 elif FAULT and FAULT not in ("skip_weight_sync", "no_weight_sync_fix"):
     raise ValueError(f"{FAULT_ENV}={FAULT!r}: expected skip_weight_sync or no_weight_sync_fix")

@@ -16,14 +16,15 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase 
 
 from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
-from recipe.exgrpo.continuous import (  # noqa: E402
-    continuous_reward_metrics,
+from exgrpo.modes.continuous import ContinuousMode, ContinuousRules  # noqa: E402
+from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
+from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY, build_replay_members, collection_groups, mark_fresh  # noqa: E402
+from recipe.exgrpo.reward_scoring import (  # noqa: E402
+    mode_reward_metrics,
     reward_model_colocated,
     score_with_colocated_reward_model,
     set_stored_replay_rewards,
 )
-from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
-from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY, build_replay_members, collection_groups, mark_fresh  # noqa: E402
 
 P_LEN, R_LEN = 4, 5
 
@@ -92,7 +93,7 @@ def test_continuous_reward_metrics_on_hand_computed_rewards():
     set_stored_replay_rewards(batch, [0.75])
     scores = batch.batch["rm_scores"].sum(-1).numpy().astype(np.float64)
     extra = {k: batch.non_tensor_batch[k] for k in ("credit", "pred")}
-    m = continuous_reward_metrics(scores, batch, extra)
+    m = mode_reward_metrics(ContinuousMode(ContinuousRules(epsilon=0.25)), scores, batch, extra)
     gen = np.array([0.2, 0.9, 0.4, 0.3, 0.9])
     assert m["exgrpo/batch_mean_reward"] == pytest.approx((gen.sum() + 0.75) / 6)
     assert m["exgrpo/reward/mean"] == pytest.approx(gen.mean()) and m["exgrpo/reward/max"] == pytest.approx(0.9)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from data_preprocess.toy_arithmetic import Difficulty, QuestionFamily, ToyArithmeticConfig
+from recipe.exgrpo import verl_compat
 from recipe.exgrpo.cpu.assets import (
     Assets,
     AssetSpec,
@@ -78,7 +79,7 @@ def test_model_is_tiny_qwen2_with_sdpa(assets):
     assert config.vocab_size == len(build_tokenizer())
     model = AutoModelForCausalLM.from_pretrained(assets.model_path, attn_implementation="sdpa")
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
-    assert model.config._attn_implementation == "sdpa"
+    assert verl_compat.attn_implementation(model.config) == "sdpa"
 
 
 def test_warmup_leaves_a_spread_of_difficulties(assets):

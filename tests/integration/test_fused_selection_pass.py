@@ -87,6 +87,7 @@ class _Harness(RayExGRPOTrainer):
         self.reward_loop_manager = SimpleNamespace(compute_rm_score=self._reward)
         self.actor_rollout_wg = None  # _get_dp_size is overridden; _compute_old_log_prob is the fixed actor
         self._step_trace = {}
+        self.global_steps = 2  # the step the stages run in (the stage clock names it)
 
     def _get_dp_size(self, worker_group, role):
         return self.dp_size
@@ -275,3 +276,66 @@ def test_candidates_longer_than_the_generated_rows_are_left_out_and_counted(acto
     assert metrics["exgrpo/selection/too_long_candidates"] == 3.0
     assert metrics["exgrpo/replay/dropped_too_long"] == 1.0
     assert out.batch[IS_REPLAY_KEY].tolist()[-1] is True
+
+
+def _multi_turn_step(actor, rng):
+    """Two questions with three stored two-turn exchanges each (model turn, tool output, model turn), a step that
+    replays both."""
+    cfg = ExGRPOConfig.from_dict({"delayed_start_threshold": -1.0, "replay_ratio": 0.5, "seed": 3}, k=K)
+    mgr = ExperienceManager(cfg)
+    prompt_of = {}
+    for q in ("q0", "q1"):
+        members = []
+        for _ in range(3):
+            first, tool, second = int(rng.integers(1, 3)), int(rng.integers(2, 4)), int(rng.integers(1, 3))
+            tokens = rng.integers(1, VOCAB, size=first + tool + second)
+            tokens[0] = 7  # the reward rule: correct ones hold token 7
+            mask = np.array([1] * first + [0] * tool + [1] * second)
+            lps = rng.normal(-1, 0.2, len(tokens)).astype(np.float32)
+            members.append(GroupMember(tokens.astype(np.int32), lps, 1.0, loss_mask=mask))
+        wrong = GroupMember(np.array([8, 9], dtype=np.int32), np.array([-1.0, -1.0], np.float32), 0.0)
+        mgr.collect(1, {q: members + [wrong]})
+        prompt_of[q] = rng.integers(1, VOCAB, size=int(rng.integers(2, P_LEN + 1)))
+    plan = mgr.plan_replay(4, 2)
+    assert len(plan) == 2 and plan.num_candidates == 6
+    counts = np.array([K, K, K - 1, K - 1])
+    prompts = [rng.integers(1, VOCAB, size=3), rng.integers(1, VOCAB, size=4)] + [
+        prompt_of[q] for q in plan.question_ids
+    ]
+    row_prompts, row_resp, uids = [], [], []
+    for i, (p, c) in enumerate(zip(prompts, counts)):
+        for _ in range(c):
+            row_prompts.append(p)
+            row_resp.append(rng.integers(1, VOCAB, size=int(rng.integers(1, R_LEN + 1))))
+            uids.append(f"u{i}")
+    batch = _rows(row_prompts, row_resp, uids)
+    harness = _Harness(actor, mgr)
+    out = harness._score_and_select(batch.select_idxs(np.arange(len(batch))), counts, 2, plan, {}, {})
+    return harness, plan, batch, out, prompt_of
+
+
+def test_the_fused_pass_selects_multi_turn_exchanges_by_their_model_tokens_entropy(actor):
+    """The replayed exchange is the argmin of the mean token entropy over the *model's* tokens (the tool outputs are
+    context, not the policy's choices), and its row carries the stored mask."""
+    harness, plan, gen, out, prompt_of = _multi_turn_step(actor, np.random.default_rng(17))
+    expected, differs = [], False
+    for q, cands in zip(plan.question_ids, plan.candidates):
+        entropies = [_alone(actor, prompt_of[q], c.token_ids)[1] for c in cands]
+        model_mean = [float(e[torch.as_tensor(c.mask)].mean()) for e, c in zip(entropies, cands)]
+        all_mean = [float(e.mean()) for e in entropies]
+        assert len(set(np.round(model_mean, 6))) == len(model_mean), "test data must not tie"
+        expected.append(cands[int(np.argmin(model_mean))])
+        differs |= int(np.argmin(model_mean)) != int(np.argmin(all_mean))
+    assert differs, "test data must tell the model tokens' entropy from the whole exchange's"
+    assert harness._step_trace["selected_entry_ids"] == [c.entry_id for c in expected]
+    n_gen = len(gen)
+    for j, c in enumerate(expected):
+        row = n_gen + j
+        assert out.batch["responses"][row, : c.length].tolist() == c.token_ids.tolist()
+        assert out.batch["response_mask"][row].tolist() == c.mask.astype(int).tolist() + [0] * (R_LEN - c.length)
+        assert out.batch["attention_mask"][row, P_LEN:].tolist() == [1] * c.length + [0] * (R_LEN - c.length)
+        lp_alone, _ = _alone(actor, prompt_of[plan.question_ids[j]], c.token_ids)
+        model = torch.as_tensor(c.mask)
+        torch.testing.assert_close(
+            out.batch["old_log_probs"][row, : c.length][model].double(), lp_alone[model], atol=1e-6, rtol=0
+        )

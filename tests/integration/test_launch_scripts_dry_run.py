@@ -1,10 +1,10 @@
 """Every launch script under scripts/train and scripts/reproduce composes to a valid config, without GPUs or models.
 
 Each script is run in ``DRY_RUN=print`` mode (pure bash: it prints the hydra overrides it would launch with); every
-printed launch is then composed and validated in this process with ``recipe.exgrpo.dry_run.dry_run`` (the checks of
+printed launch is then composed and validated in this process with ``recipe.exgrpo.tools.dry_run`` (the checks of
 ``python -m recipe.exgrpo.dry_run``: hydra's struct mode, ``main_exgrpo.prepare_config``, verl's ``validate_config``
 and the worker-side checks). A few runs go through the real ``DRY_RUN=1`` path (bash -> python -m
-recipe.exgrpo.dry_run) end to end. Nothing starts Ray, loads a model or downloads anything.
+recipe.exgrpo.tools.dry_run) end to end. Nothing starts Ray, loads a model or downloads anything.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.exgrpo.dry_run import DryRunError, DryRunReport, dry_run
-from recipe.exgrpo.dry_run import main as dry_run_main
+from recipe.exgrpo.tools.dry_run import DryRunError, DryRunReport, dry_run
+from recipe.exgrpo.tools.dry_run import main as dry_run_main
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_DIR = REPO / "scripts" / "train"

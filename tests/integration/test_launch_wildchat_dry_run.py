@@ -1,12 +1,12 @@
 """The reward-model launch scripts of the paper's Table 2 (scripts/train/*_qwen2.5_7b_base_wildchat_if.sh) compose to
 valid configs with the continuous mode and verl's reward model on, and the dry run checks the reward model's GPUs
-against the actor's (recipe/exgrpo/dry_run.py: ``reward_model_problems``). No GPU, model or Ray is used."""
+against the actor's (recipe/exgrpo/tools/dry_run/: ``reward_model_problems``). No GPU, model or Ray is used."""
 
 from __future__ import annotations
 
 import pytest
 
-from recipe.exgrpo.dry_run import NODE_GPUS_ENV, DryRunError, dry_run
+from recipe.exgrpo.tools.dry_run import NODE_GPUS_ENV, DryRunError, dry_run
 from tests.integration.test_launch_scripts_dry_run import (
     TRAIN_DIR,
     differing_paths,
@@ -62,17 +62,17 @@ def test_the_onpolicy_twin_differs_only_in_replay():
     assert differing_paths(a, b) == {"exgrpo.enable"} and not b.exgrpo.enable
 
 
-#: a reward function calling the model through verl's reward_router_address (what a reward model in its own pool needs
-#: with verl 0.9.1); for the dry run any loadable reward function stands in for one
-ROUTER_FUNCTION = ["reward.custom_reward_function.path=pkg://recipe.exgrpo.partial_credit"]
+#: the recipe's reward function that calls the model through verl's reward_router_address, and the setting that keeps
+#: the model awake: what a reward model in its own pool needs with verl 0.9.1 (the script sets both)
+ROUTER_FUNCTION = [
+    "reward.custom_reward_function.path=pkg://recipe.exgrpo.reward_model_client",
+    "reward.reward_model.rollout.free_cache_engine=false",
+]
 
 
 def test_a_reward_model_in_its_own_pool_takes_its_gpus_from_the_node():
-    # scored by verl's own reward-model path, it would fail every step in verl 0.9.1: refused, with the way out
-    with pytest.raises(DryRunError) as err:
-        dry_run(_launch(RM_GPUS_PER_NODE="4", RM_TP="2"))
-    assert any("lacks reward_extra_info" in p and "colocate it" in p for p in err.value.problems)
-    report = dry_run(_launch(RM_GPUS_PER_NODE="4", RM_TP="2") + ROUTER_FUNCTION)
+    # the documented example: DRY_RUN=1 RM_GPUS_PER_NODE=4 bash scripts/train/exgrpo_qwen2.5_7b_base_wildchat_if.sh
+    report = dry_run(_launch(RM_GPUS_PER_NODE="4", RM_TP="2"))
     c = flat(report)
     assert c["reward.reward_model.enable_resource_pool"] is True
     assert (
@@ -85,6 +85,20 @@ def test_a_reward_model_in_its_own_pool_takes_its_gpus_from_the_node():
         1,
     )
     assert "own pool 1x4, actor + reward model = 8 GPUs" in report.summary()
+    # scored through the recipe's router client, the model kept awake, the name vLLM serves it under passed on
+    assert c["reward.custom_reward_function.path"] == "pkg://recipe.exgrpo.reward_model_client"
+    assert c["reward.custom_reward_function.reward_kwargs.model"] == "/dry-run-placeholder/RM_PATH"
+    assert c["reward.reward_model.rollout.free_cache_engine"] is False
+    # verl's own scoring of the model there would fail every step; a sleeping model would never answer: refused
+    with pytest.raises(DryRunError) as err:
+        dry_run(_launch(RM_GPUS_PER_NODE="4") + ["reward.custom_reward_function.path=null"])
+    assert any("lacks reward_extra_info" in p and "reward_model_client" in p for p in err.value.problems)
+    with pytest.raises(DryRunError) as err:
+        dry_run(_launch(RM_GPUS_PER_NODE="4") + ["reward.reward_model.rollout.free_cache_engine=true"])
+    assert any("reward.reward_model.rollout.free_cache_engine=false" in p for p in err.value.problems)
+    # a mistyped keyword of the client is named, as the math reward's are
+    with pytest.raises(DryRunError, match="reward_kwargs.timeout: not a parameter of recipe/exgrpo/reward_model_cl"):
+        dry_run(_launch(RM_GPUS_PER_NODE="4") + ["+reward.custom_reward_function.reward_kwargs.timeout=5"])
 
 
 def test_the_dry_run_checks_the_reward_models_gpus(monkeypatch):

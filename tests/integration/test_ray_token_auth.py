@@ -10,6 +10,7 @@ every Ray process of the user on this machine).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -18,10 +19,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+
+from recipe.exgrpo.cpu.procs import RAY_STARTUP_PAUSE_S, RAY_STARTUP_RETRIES, RAY_STARTUP_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = REPO / "scripts" / "train" / "common.sh"
@@ -58,26 +62,46 @@ class Cluster:
     def run(self, cmd: list[str], env: dict[str, str], timeout: float = 150) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
-    def processes(self) -> list[psutil.Process]:
+    def processes(self, temp_dirs: list[str] | None = None) -> list[psutil.Process]:
+        """The processes of these nodes (default: all of the cluster's): their command lines name a node's temp dir,
+        or, for the whole cluster, the head's GCS address (the head's Ray client server names only that)."""
+        marks = list(self.temp_dirs if temp_dirs is None else temp_dirs)
+        if temp_dirs is None:
+            marks.append(f":{self.port} ")
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                line = " ".join(proc.info["cmdline"] or [])
+                line = " ".join(proc.info["cmdline"] or []) + " "
             except psutil.Error:
                 continue
-            if any(t in line for t in self.temp_dirs):
+            if any(t in line for t in marks):
                 found.append(proc)
         return found
 
-    def kill(self) -> list[int]:
-        procs = self.processes()
+    def kill(self, temp_dirs: list[str] | None = None) -> list[int]:
+        procs = self.processes(temp_dirs)
         for proc in procs:
             try:
                 proc.kill()
             except psutil.Error:
                 pass
         psutil.wait_procs(procs, timeout=30)
-        return [p.pid for p in self.processes() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        return [p.pid for p in self.processes(temp_dirs) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    def start_node(self, cmd: Callable[[], list[str]], env: Callable[[], dict[str, str]], temp_dir: str):
+        """Run a node's start command (``cmd()`` with ``env()``, rebuilt per attempt); started again, after its
+        processes are killed, when it fails only because Ray's node missed ``ray.init``'s fixed 30 s start-up
+        deadline (a loaded machine: the suite's other sessions share the cores; the recipe's launcher retries
+        the same way, recipe/exgrpo/cpu/procs.py). Returns the last attempt's result and its env."""
+        for attempt in range(1, RAY_STARTUP_RETRIES + 2):
+            run_env = env()
+            proc = self.run(cmd(), run_env)
+            if proc.returncode == 0 or RAY_STARTUP_TIMEOUT not in proc.stderr or attempt > RAY_STARTUP_RETRIES:
+                return proc, run_env
+            self.kill([temp_dir])
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            time.sleep(random.uniform(*RAY_STARTUP_PAUSE_S))
+        raise AssertionError("unreachable")
 
 
 def alive_nodes(cluster: Cluster, env: dict[str, str]) -> int:
@@ -100,17 +124,27 @@ def http_status(url: str, token: str | None = None) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_two_nodes_token_authentication_and_loopback_dashboard():
     if shutil.which("bash") is None:
         pytest.skip("bash is not available")
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="exgra-", dir="/tmp")))
     try:
         # head: the script creates the token and binds the dashboard to loopback
-        head_env = cluster.env("head")
-        head_cmd = ["bash", str(COMMON), "ray-head", f"--temp-dir={cluster.temp_dir('th')}", *NODE_OPTS]
-        head_cmd += ["--include-dashboard=true", f"--dashboard-port={cluster.dashboard_port}"]
-        head = cluster.run(head_cmd, head_env)
+        head_dir = cluster.temp_dir("th")
+
+        def head_cmd() -> list[str]:
+            cluster.dashboard_port = free_port()  # a fresh pair per attempt: a killed node's ports may linger
+            return [
+                *("bash", str(COMMON), "ray-head", f"--temp-dir={head_dir}", *NODE_OPTS),
+                *("--include-dashboard=true", f"--dashboard-port={cluster.dashboard_port}"),
+            ]
+
+        def make_head_env() -> dict[str, str]:
+            cluster.port = free_port()
+            return cluster.env("head")
+
+        head, head_env = cluster.start_node(head_cmd, make_head_env, head_dir)
         assert head.returncode == 0, head.stderr[-4000:]
         token_file = cluster.root / "head" / ".ray" / "auth_token"
         assert token_file.is_file() and (token_file.stat().st_mode & 0o777) == 0o600
@@ -149,9 +183,11 @@ def test_two_nodes_token_authentication_and_loopback_dashboard():
         assert script_no_token.returncode == 2 and "no Ray auth token on this node" in script_no_token.stderr
 
         # a worker with the token (here from the head's file, as a shared home directory would give it) joins
-        joined = cluster.run(
-            ["bash", str(COMMON), "ray-worker", address, f"--temp-dir={cluster.temp_dir('w4')}", *NODE_OPTS],
-            cluster.env("w4", RAY_AUTH_TOKEN_PATH=str(token_file)),
+        w4 = cluster.temp_dir("w4")
+        joined, _ = cluster.start_node(
+            lambda: ["bash", str(COMMON), "ray-worker", address, f"--temp-dir={w4}", *NODE_OPTS],
+            lambda: cluster.env("w4", RAY_AUTH_TOKEN_PATH=str(token_file)),
+            w4,
         )
         assert joined.returncode == 0, joined.stderr[-4000:]
         deadline = time.monotonic() + 60

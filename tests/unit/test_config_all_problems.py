@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo.config import ConfigError, ExGRPOConfig, _collecting, _fail
+from exgrpo.checks import collecting, fail
+from exgrpo.config import ConfigError, ExGRPOConfig
 
 
 def test_every_problem_is_reported_in_one_error():
@@ -61,9 +62,9 @@ def test_validate_on_a_built_config_reports_all_and_the_cross_check_only_on_vali
 
 def test_a_check_that_raises_directly_joins_the_problems_found_before_it():
     with pytest.raises(ConfigError) as info:
-        with _collecting():
-            _fail("exgrpo.a is wrong")
+        with collecting():
+            fail("exgrpo.a is wrong")
             raise ConfigError("exgrpo.b cannot be checked further")
     assert info.value.problems == ["exgrpo.a is wrong", "exgrpo.b cannot be checked further"]
     with pytest.raises(ConfigError, match="^exgrpo.c alone$"):
-        _fail("exgrpo.c alone")  # outside validation a check raises at once
+        fail("exgrpo.c alone")  # outside validation a check raises at once

@@ -37,7 +37,7 @@ SUPPORTED = {
             "loss_scale_factor": 8192,
             "use_prefix_grouper": False,
         },
-        "rollout": {"n": 8, "multi_turn": {"enable": False}},
+        "rollout": {"n": 8, "multi_turn": {"enable": False, "tool_config_path": None}},
     },
     "critic": {"enable": None},
     "reward": {"reward_model": {"enable": False}},
@@ -63,7 +63,7 @@ IGNORED = [
     ("trainer.critic_warmup", 5, "trainer.critic_warmup=0"),
     ("reward.reward_model.enable", True, "reward.reward_model.enable=false"),
     ("distillation.enabled", True, "distillation.enabled=false"),
-    ("actor_rollout_ref.rollout.multi_turn.enable", True, "multi_turn.enable=false"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_config_path", "tools.yaml", "exgrpo.replay_reward=stored"),
     ("actor_rollout_ref.actor.use_prefix_grouper", True, "actor_rollout_ref.actor.use_prefix_grouper=false"),
     ("trainer.rollout_data_dir", "/tmp/rollouts", "remove trainer.rollout_data_dir"),
     ("global_profiler.steps", [1, 2], "global_profiler.steps=null"),
@@ -149,10 +149,52 @@ def test_a_reward_model_in_its_own_pool_needs_a_reward_function_in_verl_0_9_1():
         "reward.reward_model.enable_resource_pool": True,
         "exgrpo.reward_mode": "continuous",
     }
-    (problem,) = reward_model_problems(_config(**own_pool))
+    awake = {"reward.reward_model.rollout.free_cache_engine": False}
+    (problem,) = reward_model_problems(_config(**own_pool, **awake))
     assert problem.startswith("reward.reward_model.enable_resource_pool=true with no reward.custom_reward_function")
+    assert "pkg://recipe.exgrpo.reward_model_client" in problem  # the recipe ships one
     with pytest.raises(StartupConfigError, match="lacks reward_extra_info"):
-        check_startup_config(_config(**own_pool))
-    assert reward_model_problems(_config(**own_pool, **{"reward.custom_reward_function": {"path": "f.py"}})) == []
+        check_startup_config(_config(**own_pool, **awake))
+    function = {"reward.custom_reward_function": {"path": "pkg://recipe.exgrpo.reward_model_client"}}
+    assert reward_model_problems(_config(**own_pool, **function, **awake)) == []
     colocated = {**own_pool, "reward.reward_model.enable_resource_pool": False}
     assert reward_model_problems(_config(**colocated)) == []
+
+
+def test_a_reward_model_in_its_own_pool_must_be_kept_awake():
+    """verl's RewardModelManager puts the model to sleep after start-up (free_cache_engine, default true) and wakes
+    it only inside compute_rm_score; in its own pool the agent loop sends it every response while generating, which
+    would wait on a sleeping engine. Start-up (and so the dry run) requires the setting that keeps it awake."""
+    own_pool = {
+        "reward.reward_model.enable": True,
+        "reward.reward_model.enable_resource_pool": True,
+        "exgrpo.reward_mode": "continuous",
+        "reward.custom_reward_function": {"path": "pkg://recipe.exgrpo.reward_model_client"},
+    }
+    for free in (True, None):  # verl's default is true
+        asleep = _config(**own_pool, **{"reward.reward_model.rollout.free_cache_engine": free})
+        (problem,) = reward_model_problems(asleep)
+        assert "reward.reward_model.rollout.free_cache_engine=false" in problem and "sleep" in problem
+        with pytest.raises(StartupConfigError, match="free_cache_engine=false"):
+            check_startup_config(asleep)
+    awake = _config(**own_pool, **{"reward.reward_model.rollout.free_cache_engine": False})
+    assert reward_model_problems(awake) == [] and check_startup_config(awake).reward_mode == "continuous"
+    # colocated, verl wakes it for each scoring call (compute_rm_score) and puts it to sleep for the actor: required
+    colocated = _config(**{**own_pool, "reward.reward_model.enable_resource_pool": False})
+    assert reward_model_problems(colocated) == []
+
+
+def test_multi_turn_with_function_tools_is_accepted_and_stateful_tools_need_stored_replay_rewards():
+    multi_turn = {
+        "actor_rollout_ref.rollout.multi_turn.enable": True,
+        "actor_rollout_ref.rollout.multi_turn.format": "hermes",
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path": "tools.py",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns": 2,
+    }
+    assert verl_setting_problems(_config(**multi_turn)) == [] and check_startup_config(_config(**multi_turn)).enable
+    stateful = {**multi_turn, "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools.yaml"}
+    (problem,) = verl_setting_problems(_config(**stateful))
+    assert "BaseTool" in problem and "re-scored" in problem and "exgrpo.replay_reward=stored" in problem
+    # a replayed member that keeps its stored reward, or no replay at all (the on-policy baseline): accepted
+    assert verl_setting_problems(_config(**stateful, **{"exgrpo.replay_reward": "stored"})) == []
+    assert verl_setting_problems(_config(**stateful, **{"exgrpo.enable": False})) == []

@@ -19,14 +19,15 @@ from exgrpo.experience import (
     load_experience,
     save_experience,
 )
-from exgrpo.experience.continuous import (
+from exgrpo.experience.manager import ExperienceManager
+from exgrpo.modes.continuous import (
     ContinuousRules,
     group_spread,
     normalised_spreads,
     plan_groups,
+    resolved_spread_epsilon,
     spread_bucket,
 )
-from exgrpo.experience.manager import ExperienceManager
 from exgrpo.schedule import ExperienceSchedule
 
 K = 4
@@ -130,7 +131,7 @@ def test_collection_buckets_members_and_flat_groups(tmp_path):
     metrics = stats.as_metrics("c/")
     assert metrics["c/flat_groups"] == 1 and metrics["c/added_entries"] == 5 and metrics["c/bucket_updates"] == 3
     assert metrics["c/group_std_max"] == pytest.approx(math.sqrt(3 / 16))
-    assert stats.success_counts == [] and stats.spread_buckets == [3, 1, 2]
+    assert "success_counts" not in stats.mode_stats and stats.mode_stats["spread_buckets"] == [3, 1, 2]
     # A flat later (everyone scored 0.9): zero_success=bucket0 keeps its trajectories in the never-sampled bucket 0
     pool.collect(2, [g("A", [0.9] * 4, salt=1), g("B", B, salt=1)])
     assert pool.bucket_of("A") == 0 and pool.num_entries("A") == 3 and not pool.is_retired("A")
@@ -149,7 +150,7 @@ def test_retirement_of_flat_groups_only_with_a_threshold():
     # 0.9975 < 1.0: not retired, it follows zero_success. L: flat at 0.3.
     stats = pool.collect(1, [g("A", A), g("S", [1.0] * 4), g("N", [1.0, 1.0, 0.99, 1.0]), g("L", [0.3] * 4)])
     assert pool.is_retired("S") and stats.retired == 1
-    assert not pool.is_retired("N") and not pool.is_retired("L") and stats.flat_groups == 2
+    assert not pool.is_retired("N") and not pool.is_retired("L") and stats.mode_stats["flat_groups"] == 2
     assert pool.bucket_of("A") == 3 and pool.num_entries("N") == 0
 
 
@@ -230,7 +231,7 @@ def test_selector_is_shared_by_both_modes():
 
 
 def test_config_keys_are_validated_with_the_key_and_range():
-    assert cont_cfg().resolved_spread_epsilon == 0.25 and cont_cfg(spread_epsilon=0.5).resolved_spread_epsilon == 0.5
+    assert resolved_spread_epsilon(cont_cfg()) == 0.25 and resolved_spread_epsilon(cont_cfg(spread_epsilon=0.5)) == 0.5
     with pytest.raises(ConfigError) as e:
         cont_cfg(
             spread_epsilon=1.5,

@@ -1,9 +1,10 @@
-"""The CPU demo's reward modes (recipe/exgrpo/cpu_demo.py): the binary overrides are what they were, the continuous
-mode sets the mode and the partial-credit reward, a given reward function wins, and the step line shows the reward."""
+"""The CPU demo's reward modes (recipe/exgrpo/cpu/demo.py): the binary overrides are what they were (plus the
+default mode named explicitly), the continuous mode sets the mode and the partial-credit reward, a given reward
+function wins, and the step line shows the reward."""
 
 from __future__ import annotations
 
-from recipe.exgrpo.cpu_demo import PARTIAL_CREDIT_REWARD, ExGRPOCpuRun, build_overrides, step_line
+from recipe.exgrpo.cpu.demo import PARTIAL_CREDIT_REWARD, ExGRPOCpuRun, build_overrides, step_line
 
 
 def _overrides(**kw) -> list[str]:
@@ -13,7 +14,8 @@ def _overrides(**kw) -> list[str]:
 def test_binary_overrides_keep_the_pass_rates_tau_and_the_recipes_reward():
     out = _overrides(delayed_start_threshold=0.2)
     assert "exgrpo.delayed_start_threshold=0.2" in out
-    assert not any(o.startswith(("exgrpo.reward_mode", "reward.custom_reward_function.path")) for o in out)
+    assert [o for o in out if o.startswith("exgrpo.reward_mode")] == ["exgrpo.reward_mode=binary"]
+    assert not any(o.startswith("reward.custom_reward_function.path") for o in out)
 
 
 def test_continuous_overrides_set_the_mode_and_the_partial_credit_reward():

@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.env_check import (
+from recipe.exgrpo.tools.env_check import (
+    CPU_FILES,
+    SHOWN_LOCK_PROBLEMS,
+    VLLM_CPU_FILES,
     check_lock,
+    cpu_stack,
     driver_major,
     lock_problems,
     locked_versions,
@@ -223,3 +227,76 @@ def test_install_gpu_stops_before_installing_without_pip_or_lock(tmp_path):
     script.write_text((REPO / "scripts" / "install_gpu.sh").read_text())
     nolock = _install(tmp_path, script=script)
     assert nolock.returncode == 2 and "requirements-gpu.lock not found" in nolock.stderr and _commands(nolock) == []
+
+
+# ------------------------------------------------------------------------------------- the CPU stacks
+def test_requirement_files_are_read_with_their_includes(tmp_path):
+    (tmp_path / "base.txt").write_text("verl==0.9.1\nfastapi\n")
+    (tmp_path / "top.txt").write_text("-r base.txt\nregex\nfastapi[standard]>=0.133.0,<0.137.0\n")
+    (tmp_path / "pins.txt").write_text("fastapi==0.136.3\n")
+    assert read_requirements([tmp_path / "top.txt", tmp_path / "pins.txt"]) == {
+        "verl": "==0.9.1",
+        "fastapi": "==0.136.3",
+        "regex": "",
+    }
+    vllm = read_requirements([REPO / f for f in VLLM_CPU_FILES])
+    # the vLLM CPU stack's own pins, not the CPU stack's (these two differ between the stacks)
+    cpu = read_requirements([REPO / f for f in CPU_FILES])
+    for name in ("fastapi", "numpy"):
+        assert vllm[name] != cpu[name] and vllm[name].startswith("==")
+    assert vllm["vllm-cpu"] == "==0.27.1" and vllm["verl"] == "==0.9.1"
+
+
+def test_cpu_picks_the_stack_this_interpreter_holds(monkeypatch):
+    from recipe.exgrpo.cpu import vllm_stack
+
+    monkeypatch.setattr(vllm_stack, "installed_version", lambda: "0.27.1")
+    assert cpu_stack() == "vLLM CPU"
+    monkeypatch.setattr(vllm_stack, "installed_version", lambda: None)
+    assert cpu_stack() == "CPU"
+
+
+def _vllm_python() -> str | None:
+    python = os.environ.get("EXGRPO_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    return python if Path(python).exists() else None
+
+
+def test_env_check_passes_on_the_vllm_cpu_stack_the_project_builds():
+    """``.venv-vllm/bin/python -m recipe.exgrpo.env_check --cpu`` (scripts/setup_env.sh --vllm builds it)."""
+    python = _vllm_python()
+    if python is None:
+        if os.environ.get("EXGRPO_REQUIRE_VLLM") == "1":
+            pytest.fail("no vLLM CPU stack: bash scripts/setup_env.sh --vllm")
+        pytest.skip("no vLLM CPU stack (.venv-vllm or EXGRPO_VLLM_PYTHON): bash scripts/setup_env.sh --vllm")
+    proc = subprocess.run(
+        [python, "-m", "recipe.exgrpo.env_check", "--cpu", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(proc.stdout)
+    assert report["mode"] == "vLLM CPU" and report["versions"]["vllm"].endswith("+cpu")
+    assert proc.returncode == 0 and report["problems"] == [], report["problems"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="the GPU stack is installed here")
+def test_the_gpu_check_on_a_cpu_stack_says_to_pass_cpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    rc, report = _env_check()
+    assert rc == 1 and report["hint"].startswith("this interpreter holds a CPU stack (torch ")
+    assert "python -m recipe.exgrpo.env_check --cpu checks it against" in report["hint"]
+    text = subprocess.run(
+        [sys.executable, "-m", "recipe.exgrpo.env_check"], cwd=REPO, capture_output=True, text=True, timeout=120
+    ).stdout
+    lines = text.splitlines()
+    assert lines[-1] == f"hint: {report['hint']}"
+    lock_lines = [line for line in lines if line.startswith("  - ") and line[4:] in set(report["lock"]["problems"])]
+    assert len(lock_lines) == SHOWN_LOCK_PROBLEMS < len(report["lock"]["problems"])  # the JSON keeps all
+    hidden = len(report["lock"]["problems"]) - SHOWN_LOCK_PROBLEMS
+    assert f"  - ... and {hidden} more packages that differ from the lock (--json lists all)" in lines
+    rc_cpu, cpu = _env_check("--cpu")
+    assert cpu["mode"] == "CPU" and cpu["hint"] is None

@@ -1,8 +1,18 @@
-"""The config and the experience package import each other in one direction only.
+"""The import graph of the project: no circle anywhere, and no import from a lower layer to a higher one.
 
-Every import statement counts (module level, inside ``if TYPE_CHECKING:`` and inside functions): the config
-consults the registries of bucket weightings and trajectory metrics, whose modules import nothing of the config;
-the components' ``from_config`` refer to the config, which imports none of them.
+Every import statement counts (module level, inside ``if TYPE_CHECKING:`` and inside functions; relative imports
+resolved). The layers, lowest first (docs/architecture.md):
+
+0. ``exgrpo`` — the algorithm, framework-free;
+1. ``data_preprocess`` — dataset commands (they may use the core's prompts and rewards);
+2. ``recipe.exgrpo.verl_compat`` — every private name of verl/vLLM the recipe touches;
+3. ``recipe.exgrpo.cpu`` — the CPU backend and the CPU-only tools (plugin, rollouts, assets, run config, demo);
+4. the training path — the modules at the top of ``recipe.exgrpo`` (trainer, loss, mixed batch, entry point, ...);
+5. ``recipe.exgrpo.tools`` — launch checking (dry run, env check, memory estimate);
+6. the command names kept at the top of ``recipe.exgrpo`` (``cpu_demo``, ``env_check``, ``dry_run``) and
+   ``benchmarks``.
+
+A module may import its own layer (without a circle) and the layers below it.
 """
 
 from __future__ import annotations
@@ -10,35 +20,68 @@ from __future__ import annotations
 import ast
 import pathlib
 
-CORE = pathlib.Path(__file__).resolve().parents[2] / "exgrpo"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("exgrpo", "data_preprocess", "recipe", "benchmarks")
+#: the top-level modules of recipe.exgrpo that are command names only (each runs another module's main)
+COMMANDS = ("recipe.exgrpo.cpu_demo", "recipe.exgrpo.env_check", "recipe.exgrpo.dry_run")
+
+
+def layer_of(module: str) -> int:
+    if module == "exgrpo" or module.startswith("exgrpo."):
+        return 0
+    if module.startswith("data_preprocess"):
+        return 1
+    if module == "recipe.exgrpo.verl_compat":
+        return 2
+    if module == "recipe.exgrpo.cpu" or module.startswith("recipe.exgrpo.cpu."):
+        return 3
+    if module.startswith("recipe.exgrpo.tools"):
+        return 5
+    if module in COMMANDS or module.startswith("benchmarks"):
+        return 6
+    return 4  # recipe, recipe.exgrpo and the training path
 
 
 def _modules() -> dict[str, pathlib.Path]:
     out = {}
-    for f in CORE.rglob("*.py"):
-        parts = f.relative_to(CORE.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    for top in PACKAGES:
+        for f in (REPO / top).rglob("*.py"):
+            parts = f.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    """module -> the exgrpo modules it imports (``from pkg import sub`` counts as importing ``pkg.sub``)."""
-    mods = _modules()
+def _absolute(node: ast.ImportFrom, module: str, path: pathlib.Path) -> str:
+    """The absolute module name of a (possibly relative) ``from ... import``."""
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def graph_of(mods: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    """module -> the project modules it imports (``from pkg import sub`` counts as importing ``pkg.sub``)."""
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, f in mods.items():
-        for node in ast.walk(ast.parse(f.read_text())):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                subs = [f"{node.module}.{a.name}" for a in node.names]
-                targets = [s for s in subs if s in mods] + ([node.module] if any(s not in mods for s in subs) else [])
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(node, m, f)
+                subs = [f"{source}.{a.name}" for a in node.names]
+                targets = [s for s in subs if s in mods] + ([source] if any(s not in mods for s in subs) else [])
             else:
                 continue
             graph[m].update(t for t in targets if t in mods and t != m)
     return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def _graph() -> dict[str, set[str]]:
+    return graph_of(_modules())
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -73,13 +116,27 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_cycle_through_the_config_or_the_experience_package():
-    ours = [c for c in _cycles(_graph()) if any(m == "exgrpo.config" or m.startswith("exgrpo.experience") for m in c)]
-    assert ours == []
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Edges from a lower layer to a higher one."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a))
 
 
-def test_the_cycle_check_sees_a_cycle():
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+def test_the_project_has_no_import_circle():
+    assert cycles(_graph()) == []
+
+
+def test_no_module_imports_a_higher_layer():
+    assert upward_imports(_graph()) == []
+
+
+def test_the_checks_see_a_circle_and_an_upward_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert upward_imports({"recipe.exgrpo.cpu.plugin": {"recipe.exgrpo.main_exgrpo"}}) == [
+        ("recipe.exgrpo.cpu.plugin", "recipe.exgrpo.main_exgrpo")
+    ]
     graph = _graph()
     assert "exgrpo.experience.weightings" in graph["exgrpo.config"]  # the lazy import inside validate() counts
     assert "exgrpo.config" in graph["exgrpo.experience.sampler"]  # so does the TYPE_CHECKING one
+    assert "recipe.exgrpo.cpu.hf_rollout" in graph["recipe.exgrpo.cpu.plugin"]  # and a relative one
+    # every module was classified, and each layer holds some
+    assert {layer_of(m) for m in graph} == set(range(7))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.learning_curves import (
+from recipe.exgrpo.cpu.learning_curves import (
     area_under_curve,
     describe_run,
     markdown_table,
@@ -178,7 +178,7 @@ def test_describe_run_names_start_and_end():
 def test_the_demo_follows_the_metrics_file_line_by_line(tmp_path):
     import threading
 
-    from recipe.exgrpo.cpu_demo import _follow_metrics
+    from recipe.exgrpo.cpu.demo import _follow_metrics
 
     path = tmp_path / "metrics.jsonl"
     seen: list[dict] = []
@@ -207,7 +207,7 @@ def test_the_demo_follows_the_metrics_file_line_by_line(tmp_path):
 
 
 def test_a_named_validation_variable_is_read_from_core_or_aux():
-    from recipe.exgrpo.learning_curves import run_curve, validation_by_source
+    from recipe.exgrpo.cpu.learning_curves import run_curve, validation_by_source
 
     row = {
         "step": 10,
@@ -218,5 +218,8 @@ def test_a_named_validation_variable_is_read_from_core_or_aux():
     assert validation_by_source(row) == {"toy_arithmetic_easy": 0.5}  # acc, from val-core, as before
     assert validation_by_source(row, "reward") == {"toy_arithmetic_easy": 0.8, "toy_arithmetic_hard": 0.6}
     train = {"step": 1, "exgrpo/batch_pass_rate": 0.1, "exgrpo/reward/mean": 0.7}
-    curve = run_curve([train, row], val_var="reward")
-    assert curve.val_acc == [0.7] and curve.sampled_reward == [0.7] and curve.levels == ["easy", "hard"]
+    curve = run_curve([train, row], val_var="reward", reward_mode="continuous")
+    assert curve.val_acc == [0.7] and curve.signal == [0.7] and curve.levels == ["easy", "hard"]
+    assert curve.signal_label == "mean reward of the sampled responses"
+    # the binary mode's signal is the sampled pass rate, absent from this row
+    assert run_curve([train, row], val_var="reward").signal == []

@@ -17,7 +17,7 @@ import pytest
 
 from exgrpo.experience import PoolCheckpointError, experience_exists, load_experience, save_experience
 from exgrpo.experience import persistence as persistence_mod
-from tests.pool_fault_driver import CRASH_POINTS, N_STATES, build_state, components, state_digest
+from tests.unit.pool_fault_driver import CRASH_POINTS, N_STATES, build_state, components, state_digest
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ("header.json", "entries.arrow", "tokens.arrow")
@@ -246,7 +246,7 @@ def _run_driver(tmp_path: Path, trials: list[dict]) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(trials))
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.pool_fault_driver", str(plan)],
+        [sys.executable, "-m", "tests.unit.pool_fault_driver", str(plan)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -90,7 +90,7 @@ def test_count_fresh_members_only():
     pool = ExperiencePool(K, count_replayed_in_k=False)
     pool.collect(1, [group("q", 2), group("r", 2)])
     stats = pool.collect(2, [group("q", 6, salt=1, replayed_ok=True)])
-    assert pool.bucket_of("q") == 6 and stats.success_counts == [6]
+    assert pool.bucket_of("q") == 6 and stats.mode_stats["success_counts"] == [6]
     # all K-1 fresh members correct: every counted member succeeded -> retired
     assert pool.collect(3, [group("r", 7, salt=1, replayed_ok=True)]).retired == 1
     # replayed correct but no fresh success: k = 0
@@ -132,7 +132,7 @@ def test_collect_from_mixed_stores_nothing_before_the_switch_but_retires():
     # Released behaviour: K/K questions are retired from step 1; storing trajectories waits for mixed mode.
     pool = ExperiencePool(K, collect_from="mixed")
     stats = pool.collect(1, [group("q", 3), group("r", 8), group("s", 0)], mixed=False)
-    assert stats.skipped and stats.retired == 1 and stats.success_counts == [3, 8, 0]
+    assert stats.skipped and stats.retired == 1 and stats.mode_stats["success_counts"] == [3, 8, 0]
     assert list(pool.retired) == ["r"] and len(pool) == 0 and pool.total_tokens == 0
     assert pool.bucket_of("q") is None and pool.bucket_of("s") is None
     assert stats.added_entries == 0 and stats.bucket_updates == 0 and stats.zero_success == 0

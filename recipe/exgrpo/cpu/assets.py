@@ -25,6 +25,7 @@ print where the cache is.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -48,6 +49,7 @@ from data_preprocess.toy_arithmetic import (
     question_text,
     write_parquet,
 )
+from recipe.exgrpo.cpu import CPU_ROLLOUTS
 
 # Bump when the builder's behaviour changes in a way the settings below do not capture.
 BUILDER_VERSION = 2
@@ -123,11 +125,10 @@ class AssetSpec:
 
 def asset_spec(rollout: str = "hf") -> AssetSpec:
     """The assets a CPU run on ``rollout`` uses: the default model for ``hf``, the head-size-32 one for ``vllm``."""
-    if rollout == "hf":
-        return AssetSpec()
-    if rollout == "vllm":
-        return AssetSpec(model=VLLM_MODEL)
-    raise ValueError(f"rollout must be 'hf' or 'vllm', got {rollout!r}")
+    models = {"hf": AssetSpec().model, "vllm": VLLM_MODEL}
+    if rollout not in CPU_ROLLOUTS:
+        raise ValueError(f"rollout must be one of {list(CPU_ROLLOUTS)}, got {rollout!r}")
+    return AssetSpec(model=models[rollout])
 
 
 @dataclass(frozen=True)
@@ -462,9 +463,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="copy the assets into this directory (default: only print the cache path)")
     parser.add_argument("--rebuild", action="store_true", help="build into --out from scratch, ignoring the cache")
     parser.add_argument(
-        "--rollout", choices=("hf", "vllm"), default="hf", help="the model for this rollout (vllm: head size 32)"
+        "--rollout",
+        choices=CPU_ROLLOUTS,
+        default=CPU_ROLLOUTS[0],
+        help="the model for this rollout (vllm: head size 32)",
+    )
+    parser.add_argument(
+        "--random",
+        action="store_true",
+        help="write only a randomly initialised tiny model with an 8192-position context into --out (no warm-up, no "
+        "data, a second): for pipeline checks such as docs/evaluation.md's example",
     )
     args = parser.parse_args(argv)
+    if args.random:
+        if not args.out:
+            parser.error("--random needs --out")
+        tokenizer = build_tokenizer()
+        spec = dataclasses.replace(asset_spec(args.rollout).model, max_position_embeddings=8192)
+        save_model(build_model(spec, tokenizer), tokenizer, Path(args.out))
+        print(json.dumps({"model_path": str(Path(args.out)), "max_position_embeddings": 8192}, indent=2))
+        return
     if args.rebuild:
         if not args.out:
             parser.error("--rebuild needs --out")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
+from recipe.exgrpo import verl_compat
+
 GPU_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attn", "kernels-community/flash-attn")
 
 
@@ -31,7 +33,7 @@ def check_cpu_engine_settings(model_config, engine_config) -> None:
     attn = override.get("attn_implementation")
     hf_config = getattr(model_config, "hf_config", None)
     if attn is None and hf_config is not None:
-        attn = getattr(hf_config, "_attn_implementation", None)
+        attn = verl_compat.attn_implementation(hf_config)
     if attn is None or attn in GPU_ONLY_ATTENTION:
         problems.append(
             f"attn_implementation={attn or 'flash_attention_2 (verl default)'} needs a GPU: set "
@@ -59,11 +61,10 @@ class CpuFSDPEngineWithValueHead(FSDPEngineWithValueHead):
 
 def register_cpu_engines() -> None:
     """Register the engines for device ``cpu`` (both ``fsdp`` and ``fsdp2`` so FSDP1 gets the clear error)."""
-    registry = EngineRegistry._engines
     for model_type, engine_cls in (
         ("language_model", CpuFSDPEngineWithLMHead),
         ("value_model", CpuFSDPEngineWithValueHead),
     ):
-        backends = [b for b in ("fsdp", "fsdp2") if "cpu" not in registry.get(model_type, {}).get(b, {})]
+        backends = [b for b in ("fsdp", "fsdp2") if not verl_compat.engine_registered(model_type, b, "cpu")]
         if backends:
             EngineRegistry.register(model_type=model_type, backend=backends, device="cpu")(engine_cls)

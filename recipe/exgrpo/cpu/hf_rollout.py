@@ -46,6 +46,8 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from recipe.exgrpo import verl_compat
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
@@ -533,8 +535,7 @@ class HFReplica(RolloutReplica):
         ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank, node_rank=0)
         await server.init_engine.remote()
         self.servers = [server]
-        self._server_handle = server
-        self._server_address = f"hf-replica-{self.replica_rank}{self.name_suffix}"
+        verl_compat.set_replica_server(self, server, f"hf-replica-{self.replica_rank}{self.name_suffix}")
 
 
 class HFServerAdapter(BaseRollout):
@@ -553,12 +554,12 @@ class HFServerAdapter(BaseRollout):
         rollout_world_size = 1
         self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
         self.rollout_rank = rank % rollout_world_size
-        self._has_server = self.rollout_rank == 0
+        self._owns_server = self.rollout_rank == 0
         self.server_handle: Optional[ray.actor.ActorHandle] = None
         self.sleep_level = 1
 
     def _server(self) -> Optional[ray.actor.ActorHandle]:
-        if not self._has_server:
+        if not self._owns_server:
             return None
         if self.server_handle is None:
             # The replica launches the server after the hybrid worker is built, so look it up lazily.

@@ -12,7 +12,6 @@ platform is the CPU one and the caller passed none; every other call goes to ver
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 _PATCHED_ATTR = "_exgrpo_cpu_gloo_patch"
@@ -32,16 +31,9 @@ def _gloo_when_cpu(original):
 
 
 def patch_process_group_backend() -> None:
-    """Make verl's Ray process-group init use plain ``gloo`` on the CPU platform. Idempotent."""
-    import verl.utils.distributed as dist_utils
+    """Make verl's Ray process-group init use plain ``gloo`` on the CPU platform. Idempotent (modules that imported
+    the name before this patch hold their own reference: ``verl_compat.replace_process_group_init`` updates those
+    too)."""
+    from recipe.exgrpo import verl_compat
 
-    current = dist_utils.initialize_global_process_group_ray
-    if getattr(current, _PATCHED_ATTR, False):
-        return
-    patched = _gloo_when_cpu(current)
-    dist_utils.initialize_global_process_group_ray = patched
-    # Modules that imported the name before this patch hold their own reference: update those too.
-    for module_name in ("verl.workers.engine_workers",):
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, "initialize_global_process_group_ray"):
-            module.initialize_global_process_group_ray = patched
+    verl_compat.replace_process_group_init(_gloo_when_cpu, _PATCHED_ATTR)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from verl.workers.rollout import base as _rollout_base
 from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+from recipe.exgrpo import verl_compat
 
 from . import platform as _platform  # noqa: F401  (registers PlatformCPU)
 from . import vllm_stack
@@ -75,15 +76,14 @@ def _vllm_cpu_guard(problems: list[str]):
 
 def register_rollout() -> None:
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
-    # verl has no register function for the worker-side table; it is a plain module-level dict.
-    _rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "recipe.exgrpo.cpu.hf_rollout.HFServerAdapter"
+    verl_compat.register_rollout_adapter(ROLLOUT_NAME, "async", "recipe.exgrpo.cpu.hf_rollout.HFServerAdapter")
 
 
 def guard_gpu_rollouts() -> None:
     for name in GPU_ROLLOUTS:
         RolloutReplicaRegistry.register(name, _gpu_rollout_guard(name))
-        if (name, "async") in _rollout_base._ROLLOUT_REGISTRY:
-            _rollout_base._ROLLOUT_REGISTRY[(name, "async")] = f"recipe.exgrpo.cpu.gpu_only.{name}"
+        if verl_compat.rollout_adapter(name, "async") is not None:
+            verl_compat.register_rollout_adapter(name, "async", f"recipe.exgrpo.cpu.gpu_only.{name}")
 
 
 def register_cpu_vllm() -> bool:
@@ -94,7 +94,7 @@ def register_cpu_vllm() -> bool:
         RolloutReplicaRegistry.register("vllm", _vllm_cpu_guard(problems))
         return False
     RolloutReplicaRegistry.register("vllm", _load_cpu_vllm_replica)
-    _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = VLLM_CPU_ADAPTER
+    verl_compat.register_rollout_adapter("vllm", "async", VLLM_CPU_ADAPTER)
     return True
 
 

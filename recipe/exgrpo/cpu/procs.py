@@ -4,16 +4,24 @@ Ray's local cluster (GCS, raylet, workers) is started by the driver and stays in
 killing the session of the child kills the whole run, and nothing else: processes of other sessions (other
 users of this machine, the caller itself) are never touched. While it runs, the summed resident memory of the
 session's processes is sampled, for the peak-RSS figure of the benchmark.
+
+Every session started here is registered until it has been killed: :func:`install_termination_handlers` (the
+test suite installs it) makes SIGTERM and SIGHUP to the caller kill each registered session first, then stop
+the caller with ``KeyboardInterrupt``, so a terminated caller (a CI job cancelled, a terminal closed) leaves no
+Ray cluster, worker or vLLM engine behind.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +78,85 @@ def kill_session(sid: int, grace_s: float = 3.0) -> None:
     psutil.wait_procs(session_processes(sid), timeout=grace_s)
 
 
+# sessions started by this process and not yet killed (their leaders' pids = their session ids)
+_ACTIVE: set[int] = set()
+# re-entrant: the signal handler runs in the main thread, possibly while that thread holds the lock
+_ACTIVE_LOCK = threading.RLock()
+
+
+def register_session(sid: int) -> None:
+    """Count session ``sid`` among those :func:`kill_active_sessions` ends (done by everything in this module)."""
+    with _ACTIVE_LOCK:
+        _ACTIVE.add(sid)
+
+
+def unregister_session(sid: int) -> None:
+    with _ACTIVE_LOCK:
+        _ACTIVE.discard(sid)
+
+
+def active_sessions() -> list[int]:
+    with _ACTIVE_LOCK:
+        return sorted(_ACTIVE)
+
+
+def kill_active_sessions(grace_s: float = 3.0) -> list[int]:
+    """Kill every registered session (SIGTERM, then SIGKILL after ``grace_s``); returns their ids."""
+    sids = active_sessions()
+    for sid in sids:
+        try:
+            kill_session(sid, grace_s=grace_s)
+        except Exception as exc:  # one session that cannot be killed must not spare the others
+            sys.stderr.write(f"[procs] could not kill session {sid}: {exc}\n")
+        unregister_session(sid)
+    return sids
+
+
+def _terminate(signum: int, frame: object) -> None:
+    sids = kill_active_sessions()
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"\n[procs] {name}: killed {len(sids)} run session(s) {sids}; stopping\n")
+    sys.stderr.flush()
+    raise KeyboardInterrupt(f"{name} received")
+
+
+def install_termination_handlers(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> None:
+    """On each of ``signums``: kill every registered session, then raise ``KeyboardInterrupt`` in the main thread
+    (pytest then stops, reports and tears down; a script ends). Main thread only, like ``signal.signal``."""
+    for signum in signums:
+        signal.signal(signum, _terminate)
+
+
+@contextmanager
+def new_session(cmd: Sequence[str], **popen_kwargs) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)``, registered; on leaving the block, however
+    it is left, the whole session is killed (the command and everything it started, e.g. a vLLM engine)."""
+    proc = subprocess.Popen(list(cmd), start_new_session=True, **popen_kwargs)
+    register_session(proc.pid)
+    try:
+        yield proc
+    finally:
+        try:
+            kill_session(proc.pid)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        finally:
+            unregister_session(proc.pid)
+
+
+def run_captured(
+    cmd: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | Path | None = None
+) -> subprocess.CompletedProcess:
+    """Like ``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)``, in a new session that is
+    killed when the command ends, times out (``subprocess.TimeoutExpired``) or the caller is interrupted."""
+    with new_session(
+        cmd, env=None if env is None else dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, stdout, stderr)
+
+
 def _session_rss(sid: int) -> int:
     total = 0
     for proc in session_processes(sid):
@@ -89,7 +176,10 @@ def run_in_new_session(
     sample_rss_every_s: float = 0.5,
     leftover_grace_s: float = 5.0,
 ) -> RunResult:
-    """Run ``cmd`` in a new session, output to ``log_path``; kill the session at the end or at ``timeout_s``."""
+    """Run ``cmd`` in a new session, output to ``log_path``; kill the session at the end or at ``timeout_s``.
+
+    ``leftover_grace_s`` is waited only after the command ended by itself: when it timed out, or an exception
+    (an interruption, a test's own timeout) leaves this function, the session is killed at once."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     peak = [0]
@@ -100,6 +190,7 @@ def run_in_new_session(
             list(cmd), env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         sid = proc.pid
+        register_session(sid)
 
         def sample() -> None:
             while not stop.is_set():
@@ -108,21 +199,25 @@ def run_in_new_session(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        timed_out = False
+        timed_out = ended = False
         try:
             returncode: int | None = proc.wait(timeout=timeout_s)
+            ended = True
         except subprocess.TimeoutExpired:
             timed_out = True
             returncode = None
         finally:
-            wall = time.perf_counter() - start
-            stop.set()
-            sampler.join(timeout=5)
-            leftovers = [] if timed_out else _wait_session_empty(sid, proc.pid, grace_s=leftover_grace_s)
-            kill_session(sid)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+            try:
+                wall = time.perf_counter() - start
+                stop.set()
+                leftovers = _wait_session_empty(sid, proc.pid, grace_s=leftover_grace_s) if ended else []
+                kill_session(sid)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
+            finally:
+                unregister_session(sid)
+                sampler.join(timeout=5)
     return RunResult(
         returncode=returncode if not timed_out else None,
         timed_out=timed_out,
@@ -131,6 +226,54 @@ def run_in_new_session(
         log_path=log_path,
         leftover_pids=leftovers,
     )
+
+
+#: what ``ray.init`` raises when the local node it started did not register within the 30 s it allows itself (a
+#: constant in ``ray._private.node``, not a setting): on a loaded machine the GCS can be too busy to answer in time
+RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
+RAY_STARTUP_RETRIES = 5
+#: the pause before an attempt after such a failure, drawn at random in this range: two runs that started at once
+#: (the test command's sessions) do not meet again at the next start
+RAY_STARTUP_PAUSE_S = (5.0, 20.0)
+
+
+def ray_startup_timed_out(log_path: str | Path, tail_bytes: int = 200_000) -> bool:
+    """Whether the log of a run that failed ends with Ray's node start-up timeout (nothing else of the run ran)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - tail_bytes))
+            return RAY_STARTUP_TIMEOUT.encode() in f.read()
+    except OSError:
+        return False
+
+
+def run_ray_command_in_new_session(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    timeout_s: float,
+    log_path: str | Path,
+    retries: int = RAY_STARTUP_RETRIES,
+    pause_s: tuple[float, float] = RAY_STARTUP_PAUSE_S,
+    **kwargs,
+) -> RunResult:
+    """:func:`run_in_new_session` for a command that starts a local Ray cluster (a verl run): when it fails because
+    Ray's node did not come up within ``ray.init``'s fixed 30 s, it is started again, up to ``retries`` times, and
+    the failed attempt's log is kept beside the log as ``<log>.ray-startup-<n>``, after a pause drawn from
+    ``pause_s``. Any other outcome is returned as it is."""
+    log_path = Path(log_path)
+    for attempt in range(1, retries + 2):
+        result = run_in_new_session(cmd, env, timeout_s, log_path, **kwargs)
+        if result.returncode in (0, None) or attempt > retries or not ray_startup_timed_out(log_path):
+            return result
+        aside = log_path.with_name(f"{log_path.name}.ray-startup-{attempt}")
+        os.replace(log_path, aside)
+        pause = random.uniform(*pause_s)
+        sys.stderr.write(
+            f"[exgrpo] Ray's node did not start within the 30 s ray.init allows (a loaded machine); starting the "
+            f"run again in {pause:.0f} s (attempt {attempt + 1} of {retries + 1}; the failed attempt's log: {aside})\n"
+        )
+        time.sleep(pause)
+    return result
 
 
 def _alive(proc: psutil.Process) -> bool:

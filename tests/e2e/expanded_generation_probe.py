@@ -4,7 +4,7 @@
 per replayed one); this script runs it once through a legacy ``RayPPOTrainer`` built as verl's task runner builds
 it, and writes a JSON report (group sizes, aligned prompts, non-empty responses, the fields verl adds)::
 
-    python -m recipe.exgrpo.cpu.expanded_generation --out DIR --counts 4,3,4,3
+    python -m tests.e2e.expanded_generation_probe --out DIR --counts 4,3,4,3
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from recipe.exgrpo import verl_compat
 from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
 
 
@@ -44,12 +45,17 @@ def run_probe(out_dir: Path, counts: list[int], wall_limit_s: float) -> dict[str
     from verl.trainer import main_ppo
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    from .assets import ensure_assets
-    from .run_config import CpuRunSpec, cpu_overrides, start_wall_clock_watchdog, validate_cpu_run_config
+    from recipe.exgrpo.cpu.assets import ensure_assets
+    from recipe.exgrpo.cpu.run_config import (
+        CpuRunSpec,
+        cpu_overrides,
+        start_wall_clock_watchdog,
+        validate_cpu_run_config,
+    )
 
     start_wall_clock_watchdog(wall_limit_s)
     assets = ensure_assets()
-    reward = Path(__file__).resolve().parents[3] / "tests" / "e2e" / "toy_reward.py"
+    reward = Path(__file__).resolve().parent / "toy_reward.py"
     spec = CpuRunSpec(
         model_path=str(assets.model_path),
         train_files=str(assets.train_file),
@@ -74,7 +80,7 @@ def run_probe(out_dir: Path, counts: list[int], wall_limit_s: float) -> dict[str
         trainer.checkpoint_manager.update_weights(0)
         batch = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        gen_batch = trainer._get_gen_batch(batch)
+        gen_batch = verl_compat.gen_batch(trainer, batch)
         gen_batch.meta_info["global_steps"] = 1
         output = generate_with_counts(trainer, gen_batch, counts)
         full = expand_by_counts(batch, counts).union(output)

@@ -1,6 +1,6 @@
-"""The verl side of the continuous reward mode (docs/algorithm.md §13): reward-model scores, stored replay rewards,
-the reward's metrics. ``RayExGRPOTrainer`` calls these from its stages; the core (``exgrpo.experience.continuous``)
-does the bucketing.
+"""Scoring on the verl side: reward-model scores, stored replay rewards, and the reward mode's figures of a step's
+batch. ``RayExGRPOTrainer`` calls these from its stages; the reward mode (``exgrpo.modes``) does the bucketing and
+says which figures it logs.
 
 Rewards come from verl 0.9.1's reward loop either way:
 
@@ -32,11 +32,18 @@ from verl.utils.debug import marked_timer
 from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY
 
 __all__ = [
-    "continuous_reward_metrics",
+    "PROMPT_FIELDS_KEY",
+    "mode_reward_metrics",
     "reward_model_colocated",
     "score_with_colocated_reward_model",
     "set_stored_replay_rewards",
+    "with_prompt_for_reward_functions",
 ]
+
+#: The per-row fields verl's reward manager merges into the ``extra_info`` it hands a reward function
+#: (``NaiveRewardManager.run_single``): the agent loop's extra fields for a generated response, ``raw_prompt`` (the
+#: conversation) among them.
+PROMPT_FIELDS_KEY = "tool_extra_fields"
 
 
 def reward_model_colocated(config: Any) -> bool:
@@ -56,8 +63,31 @@ def score_with_colocated_reward_model(trainer: Any, batch: DataProto, timing_raw
     if not reward_model_colocated(trainer.config) or "rm_scores" in batch.batch.keys():
         return batch
     with marked_timer("reward_model", timing_raw, color="yellow"):
-        scored = trainer.reward_loop_manager.compute_rm_score(batch)
+        scored = trainer.reward_loop_manager.compute_rm_score(with_prompt_for_reward_functions(batch))
     return batch.union(scored)
+
+
+def with_prompt_for_reward_functions(data: DataProto) -> DataProto:
+    """``data`` (rows the trainer scores through verl's reward loop itself) with the prompt's conversation where a
+    reward function finds it for a generated response: ``raw_prompt`` in the fields verl merges into ``extra_info``.
+
+    verl passes a reward function ``extra_info`` but not the prompt; for a response scored while it is generated, its
+    manager merges the agent loop's extra fields (``raw_prompt`` among them) into ``extra_info``. Rows the trainer
+    scores (the replayed members, and every row with a colocated reward model) carry ``raw_prompt`` but not those
+    fields, so a reward function that needs the prompt (``recipe/exgrpo/reward_model_client.py``) would not see it.
+    A shallow copy: the batch's own columns (and ``extra_info`` dicts, which verl's manager updates) are untouched.
+    """
+    prompts = data.non_tensor_batch.get("raw_prompt")
+    if prompts is None or PROMPT_FIELDS_KEY in data.non_tensor_batch:
+        return data
+    fields = np.empty(len(data), dtype=object)
+    fields[:] = [{"raw_prompt": p} for p in prompts]
+    non_tensor = {**data.non_tensor_batch, PROMPT_FIELDS_KEY: fields}
+    if "extra_info" in non_tensor:
+        copies = np.empty(len(data), dtype=object)
+        copies[:] = [dict(e) if isinstance(e, dict) else e for e in non_tensor["extra_info"]]
+        non_tensor["extra_info"] = copies
+    return DataProto(batch=data.batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
 
 
 def set_stored_replay_rewards(batch: DataProto, rewards: Sequence[float]) -> None:
@@ -91,56 +121,10 @@ def set_stored_replay_rewards(batch: DataProto, rewards: Sequence[float]) -> Non
         batch.non_tensor_batch[key] = column
 
 
-def _numeric(values: Any) -> np.ndarray | None:
-    """A 1-D column of numbers (None counts as NaN) as float64; None for anything else (text, lists, bools)."""
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        return None
-    if arr.dtype.kind in "iuf":
-        return arr.astype(np.float64)
-    if arr.dtype == object and all(
-        v is None or (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)) for v in arr
-    ):
-        return np.asarray([np.nan if v is None else float(v) for v in arr], dtype=np.float64)
-    return None
-
-
-def continuous_reward_metrics(
-    scores: np.ndarray, batch: DataProto, reward_extra_infos: Mapping[str, Any] | None = None
+def mode_reward_metrics(
+    mode: Any, scores: np.ndarray, batch: DataProto, reward_extra_infos: Mapping[str, Any] | None = None
 ) -> dict[str, float]:
-    """The reward's figures per step in continuous mode (``exgrpo/reward/...``), like ``reward_health``:
-
-    the batch mean reward (all rows: the delayed start's signal), the generated responses' mean / std / min / max,
-    the replayed members' mean, the mean and largest within-group standard deviation and the share of flat groups
-    (std 0: no gradient), and the mean over generated rows of every numeric extra key the reward returned
-    (``exgrpo/reward/extra/<key>``).
-    """
-    scores = np.asarray(scores, dtype=np.float64)
+    """The reward mode's figures of one step (``RewardMode.reward_metrics``: the continuous mode's
+    ``exgrpo/reward/...``; none in the binary mode), from the batch's replayed rows and groups."""
     replayed = batch.batch[IS_REPLAY_KEY].bool().numpy()
-    generated = scores[~replayed]
-    out = {"exgrpo/batch_mean_reward": float(scores.mean()) if scores.size else float("nan")}
-    if generated.size:
-        out.update(
-            {
-                "exgrpo/reward/mean": float(generated.mean()),
-                "exgrpo/reward/std": float(generated.std()),
-                "exgrpo/reward/min": float(generated.min()),
-                "exgrpo/reward/max": float(generated.max()),
-            }
-        )
-    if replayed.any():
-        out["exgrpo/reward/replayed_mean"] = float(scores[replayed].mean())
-    uids = batch.non_tensor_batch["uid"]
-    stds = np.asarray([scores[uids == u].std() for u in dict.fromkeys(uids.tolist())], dtype=np.float64)
-    if stds.size:
-        out["exgrpo/reward/group_std_mean"] = float(stds.mean())
-        out["exgrpo/reward/group_std_max"] = float(stds.max())
-        out["exgrpo/reward/flat_group_share"] = float((stds == 0).mean())
-    for key, values in (reward_extra_infos or {}).items():
-        arr = _numeric(values)
-        if arr is None or arr.shape[0] != scores.shape[0]:
-            continue
-        arr = arr[~replayed]
-        if arr.size and np.isfinite(arr).any():
-            out[f"exgrpo/reward/extra/{key}"] = float(np.nanmean(arr))
-    return out
+    return mode.reward_metrics(scores, replayed, batch.non_tensor_batch["uid"], reward_extra_infos)

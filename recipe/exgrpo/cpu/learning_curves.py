@@ -1,6 +1,6 @@
 """Learning curves of CPU runs: parse verl's metrics file, draw the demo's PNG, aggregate seeds per arm.
 
-Used by the CPU demo (``recipe.exgrpo.cpu_demo``: one run, one PNG) and by ``benchmarks/learning_cpu.py``
+Used by the CPU demo (``recipe.exgrpo.cpu.demo``: one run, one PNG) and by ``benchmarks/learning_cpu.py``
 (ExGRPO vs on-policy GRPO over seeds: a CSV of every point, a PNG of mean ± spread per arm, a Markdown table).
 Input is what verl's ``file`` logger writes (``metrics.jsonl``, one JSON line per logged step); the validation
 accuracy comes from verl's ``val-core/<data_source>/<acc|reward>/mean@N`` keys, one per difficulty level when
@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from exgrpo.modes import DEFAULT_REWARD_MODE, get_reward_mode
 
 VAL_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 # verl files a variable under val-aux when the reward also returns "acc" (which then is the val-core one)
@@ -111,13 +113,20 @@ class RunCurve:
     val_by_level: dict[str, list[float]] = field(default_factory=dict)
     # share of validation responses that close the think block (mean over levels; empty when not logged)
     val_think_closed: list[float] = field(default_factory=list)
-    # mean reward of the sampled responses per step (the continuous reward mode's exgrpo/reward/mean; else empty)
-    sampled_reward: list[float] = field(default_factory=list)
+    # the run's reward mode (exgrpo.reward_mode) and, per step, its training signal (RewardMode.signal_metric: the
+    # binary mode's sampled pass rate, the continuous mode's mean reward of the sampled responses)
+    reward_mode: str = DEFAULT_REWARD_MODE
+    signal: list[float] = field(default_factory=list)
     wall_seconds: float | None = None
 
     @property
     def levels(self) -> list[str]:
         return list(self.val_by_level)
+
+    @property
+    def signal_label(self) -> str:
+        """What :attr:`signal` is, in words (the reward mode's)."""
+        return get_reward_mode(self.reward_mode).signal_label
 
 
 def run_curve(
@@ -127,15 +136,18 @@ def run_curve(
     wall_seconds: float | None = None,
     group_size: int | None = None,
     val_var: str | None = None,
+    reward_mode: str = DEFAULT_REWARD_MODE,
 ) -> RunCurve:
     """Parse one run's metrics rows into a :class:`RunCurve`.
 
     The overall validation accuracy is the mean over levels weighted by ``level_weights`` (validation questions
     per level; equal weights when None: the toy task's levels have equal sizes). ``group_size`` (K) counts the
     generated responses: K per fresh question, K-1 per replayed one (NaN when not given). ``val_var``: the validation
-    variable to read (see :func:`validation_by_source`).
+    variable to read (see :func:`validation_by_source`). ``reward_mode``: the run's ``exgrpo.reward_mode``, whose
+    signal metric fills :attr:`RunCurve.signal`.
     """
-    curve = RunCurve(label=label, wall_seconds=wall_seconds)
+    curve = RunCurve(label=label, wall_seconds=wall_seconds, reward_mode=reward_mode)
+    signal_key = get_reward_mode(reward_mode).signal_metric
     total_generated = 0.0
     for row in sorted(rows, key=lambda r: int(r.get("step") or 0)):
         step = int(row.get("step") or 0)
@@ -152,8 +164,8 @@ def run_curve(
             curve.replayed_share.append(replayed / questions if questions else 0.0)
             curve.generated_rollouts.append(total_generated)
             curve.step_seconds.append(float(row.get("timing_s/step", math.nan)))
-            if "exgrpo/reward/mean" in row:
-                curve.sampled_reward.append(float(row["exgrpo/reward/mean"]))
+            if signal_key in row:
+                curve.signal.append(float(row[signal_key]))
         by_source = validation_by_source(row, val_var)
         if by_source:
             named = {level_name(s): v for s, v in by_source.items()}
@@ -197,7 +209,8 @@ def describe_run(curve: RunCurve) -> str:
     return "\n".join(lines)
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,7 +222,7 @@ def _pyplot():
 def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Path:
     """The demo's PNG: validation accuracy (overall and per level) and the sampled pass rate per step; pool size
     and replayed share per step."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     if curve.val_steps:
         top.plot(curve.val_steps, curve.val_acc, "o-", color="black", lw=2, label="validation accuracy")
@@ -244,7 +257,7 @@ def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Pat
         bottom.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
     bottom.set_xlabel("training step")
     bottom.grid(alpha=0.3)
-    return _save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- arms × seeds
@@ -262,7 +275,8 @@ class ArmSummary:
     generated_rollouts: tuple[float, float]
 
 
-def _mean_std(values: Iterable[float]) -> tuple[float, float]:
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (NaN, NaN when there are none; std 0 for one value)."""
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
         return math.nan, math.nan
@@ -290,23 +304,24 @@ def summarize_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], target: floa
             ArmSummary(
                 arm=arm,
                 runs=len(curves),
-                final=_mean_std(c.val_acc[-1] for c in curves if c.val_acc),
-                best=_mean_std(max(c.val_acc) for c in curves if c.val_acc),
-                auc=_mean_std(area_under_curve(c.val_steps, c.val_acc) for c in curves if c.val_acc),
+                final=mean_std(c.val_acc[-1] for c in curves if c.val_acc),
+                best=mean_std(max(c.val_acc) for c in curves if c.val_acc),
+                auc=mean_std(area_under_curve(c.val_steps, c.val_acc) for c in curves if c.val_acc),
                 steps_to_target=[steps_to_target(c.val_steps, c.val_acc, target) for c in curves],
                 final_by_level={
-                    lv: _mean_std(c.val_by_level[lv][-1] for c in curves if c.val_by_level.get(lv)) for lv in levels
+                    lv: mean_std(c.val_by_level[lv][-1] for c in curves if c.val_by_level.get(lv)) for lv in levels
                 },
-                start=_mean_std(c.val_acc[0] for c in curves if c.val_acc),
-                wall_seconds=_mean_std(c.wall_seconds for c in curves if c.wall_seconds is not None),
-                generated_rollouts=_mean_std(c.generated_rollouts[-1] for c in curves if c.generated_rollouts),
+                start=mean_std(c.val_acc[0] for c in curves if c.val_acc),
+                wall_seconds=mean_std(c.wall_seconds for c in curves if c.wall_seconds is not None),
+                generated_rollouts=mean_std(c.generated_rollouts[-1] for c in curves if c.generated_rollouts),
             )
         )
     return out
 
 
-def _pm(mean_std: tuple[float, float], digits: int = 3) -> str:
-    mean, std = mean_std
+def plus_minus(value: tuple[float, float], digits: int = 3) -> str:
+    """``mean ± std`` of a ``(mean, std)`` pair (``n/a`` for a NaN mean)."""
+    mean, std = value
     if math.isnan(mean):
         return "n/a"
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
@@ -324,9 +339,17 @@ def markdown_table(summaries: Sequence[ArmSummary], target: float) -> str:
     for s in summaries:
         reached = [str(x) if x is not None else "—" for x in s.steps_to_target]
         cells = (
-            [s.arm, str(s.runs), _pm(s.start), _pm(s.final), _pm(s.best), _pm(s.auc), ", ".join(reached)]
-            + [_pm(s.final_by_level.get(lv, (math.nan, math.nan))) for lv in levels]
-            + [_pm(s.generated_rollouts, 0), _pm(s.wall_seconds, 0)]
+            [
+                s.arm,
+                str(s.runs),
+                plus_minus(s.start),
+                plus_minus(s.final),
+                plus_minus(s.best),
+                plus_minus(s.auc),
+                ", ".join(reached),
+            ]
+            + [plus_minus(s.final_by_level.get(lv, (math.nan, math.nan))) for lv in levels]
+            + [plus_minus(s.generated_rollouts, 0), plus_minus(s.wall_seconds, 0)]
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -386,7 +409,7 @@ def write_csv(curves_by_arm: Mapping[str, Sequence[tuple[int, RunCurve]]], path:
     return path
 
 
-def _band(curves: Sequence[RunCurve], attr_steps: str, attr_values: str) -> tuple[list[int], list[float], list[float]]:
+def band(curves: Sequence[RunCurve], attr_steps: str, attr_values: str) -> tuple[list[int], list[float], list[float]]:
     """Mean and sample std at the steps every run has."""
     common = sorted(set.intersection(*(set(getattr(c, attr_steps)) for c in curves))) if curves else []
     means, stds = [], []
@@ -400,38 +423,38 @@ def _band(curves: Sequence[RunCurve], attr_steps: str, attr_values: str) -> tupl
 def plot_arms(
     curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path, title: str = "", val_label: str = "accuracy"
 ) -> Path:
-    """Mean ± std (over seeds) of the validation score (``val_label``: what it is) and of the sampled pass rate per
-    arm; of the sampled mean reward instead when every run logged one (the continuous reward mode)."""
-    plt = _pyplot()
+    """Mean ± std (over seeds) of the validation score (``val_label``: what it is) and of the training signal per arm
+    (each run's reward mode's: the sampled pass rate in the binary mode, the sampled mean reward in the continuous
+    one)."""
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    continuous = all(c.sampled_reward for curves in curves_by_arm.values() for c in curves)
-    train_attr = "sampled_reward" if continuous else "sampled_pass_rate"
+    labels = {c.signal_label for curves in curves_by_arm.values() for c in curves}
+    signal_label = labels.pop() if len(labels) == 1 else "training signal of each arm's reward mode"
     for i, (arm, curves) in enumerate(curves_by_arm.items()):
         color = f"C{i}"
-        steps, mean, std = _band(curves, "val_steps", "val_acc")
+        steps, mean, std = band(curves, "val_steps", "val_acc")
         left.plot(steps, mean, "o-", color=color, label=f"{arm} (n={len(curves)})")
         left.fill_between(
             steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
         )
-        steps, mean, std = _band(curves, "steps", train_attr)
+        steps, mean, std = band(curves, "steps", "signal")
         right.plot(steps, mean, "-", color=color, label=arm)
         right.fill_between(
             steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
         )
     left.set_title(f"validation {val_label} (mean ± std over seeds)")
-    right.set_title(
-        "mean reward of the sampled responses" if continuous else "batch pass rate of the sampled responses"
-    )
+    right.set_title(signal_label)
     for ax in (left, right):
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    return _save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def _save_figure(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (creating the folder) and close ``fig``; returns ``path``."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()

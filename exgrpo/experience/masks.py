@@ -1,0 +1,107 @@
+"""The loss mask of a stored trajectory, encoded in its behaviour log-probs (docs/experience.md, "Loss masks").
+
+A multi-turn trajectory (the model's turns and the tool outputs between them) has a loss mask: 1 on the tokens the
+policy generated, 0 on the others (a tool's response and the chat template's turn boundaries around it). Only the
+first kind has a behaviour log-prob, and only they are trained. The pool stores the mask *inside* the float32
+log-prob column: a masked token's stored log-prob is NaN, a value no log-prob takes (log-probs are finite and
+<= 0). So a trajectory without masked tokens is stored exactly as before (every token the model's: no NaN, the
+same bytes), a mask costs no byte, and the conversion happens at the pool's boundary only:
+
+* in: :func:`encode` (the writer, from a member's mask and log-probs) after :func:`trajectory_defect` checked that
+  the two agree (every model token has a finite log-prob <= :data:`MAX_LOG_PROB`);
+* out: :func:`decode` (a :class:`~exgrpo.experience.records.Candidate`: the boolean mask and clean log-probs, 0.0 on
+  masked tokens, which is what verl's agent loop puts there);
+* on disk: the saved file holds the NaNs; the header records the encoding (:data:`ENCODING`) and the count of
+  masked tokens, checked against the file on load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFECTS",
+    "ENCODING",
+    "INCONSISTENT",
+    "MASKED_LOG_PROB",
+    "MAX_LOG_PROB",
+    "TRUNCATED",
+    "as_mask",
+    "count_masked",
+    "decode",
+    "encode",
+    "trajectory_defect",
+]
+
+#: the header's name of this encoding (the token file's ``loss_mask.encoding``)
+ENCODING = "nan_behaviour_log_prob"
+#: the stored log-prob of a masked token (a quiet NaN; its bits are what the file holds)
+MASKED_LOG_PROB = np.float32(np.nan)
+#: a model token's behaviour log-prob may exceed 0 by float rounding (log-softmax in bf16 or fused kernels), not more
+MAX_LOG_PROB = 1e-3
+#: why a trajectory is not stored: its mask and log-probs disagree ...
+INCONSISTENT = "inconsistent"
+#: ... or the exchange was cut in a tool turn (mid tool call, mid tool response, a call that got no answer)
+TRUNCATED = "truncated"
+DEFECTS = (INCONSISTENT, TRUNCATED)
+
+
+def as_mask(qid: Any, loss_mask: Any, n: int) -> np.ndarray | None:
+    """``loss_mask`` as a bool array of ``n`` (True = a token the policy generated), or None when every token is the
+    model's (None given, or all ones). ValueError naming the question for a wrong shape or values other than 0/1."""
+    if loss_mask is None:
+        return None
+    m = np.asarray(loss_mask)
+    if m.shape != (n,):
+        raise ValueError(f"question {qid!r}: the loss mask has shape {m.shape}, the response {n} tokens")
+    if m.dtype != np.bool_:
+        if m.dtype.kind not in "iuf" or not np.isin(m, (0, 1)).all():
+            raise ValueError(f"question {qid!r}: the loss mask must hold 0 and 1 only (1 = a token the model made)")
+        m = m.astype(np.bool_)
+    return None if bool(m.all()) else m
+
+
+def trajectory_defect(log_probs: np.ndarray, mask: np.ndarray | None) -> tuple[str, str] | None:
+    """Why a trajectory must not be stored, as (one of :data:`DEFECTS`, the reason in words), or None.
+
+    ``mask`` from :func:`as_mask`. :data:`INCONSISTENT`: no token is the model's, or a model token's log-prob is not
+    a finite value <= :data:`MAX_LOG_PROB` (the log-prob of a token the model did not sample, or a broken pass; a
+    NaN would also read as a masked token). :data:`TRUNCATED`: the trajectory ends on a masked token, i.e. the
+    exchange was cut in a tool's response and no model turn follows it.
+    """
+    if mask is not None:
+        if not mask.any():
+            return INCONSISTENT, "no token of the trajectory is the model's"
+        if not mask[-1]:
+            return TRUNCATED, "it ends on a token that is not the model's (cut in a tool response)"
+    model = log_probs if mask is None else log_probs[mask]
+    bad = ~(np.isfinite(model) & (model <= MAX_LOG_PROB))
+    if bad.any():
+        value = float(model[np.flatnonzero(bad)[0]])
+        return INCONSISTENT, f"{int(bad.sum())} of its model tokens have no valid behaviour log-prob (e.g. {value})"
+    return None
+
+
+def encode(log_probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The float32 log-probs to store: NaN on the masked tokens (a copy), the array itself without a mask."""
+    if mask is None:
+        return log_probs
+    out = np.array(log_probs, dtype=np.float32, copy=True)
+    out[~mask] = MASKED_LOG_PROB
+    return out
+
+
+def decode(stored: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(clean log-probs, mask) of stored log-probs: 0.0 and False where a NaN marks a masked token. Without one, the
+    array itself and None (every token the model's)."""
+    masked = np.isnan(stored)
+    if not masked.any():
+        return stored, None
+    return np.where(masked, np.float32(0.0), stored).astype(np.float32, copy=False), ~masked
+
+
+def count_masked(stored: np.ndarray) -> int:
+    """Masked tokens (NaN log-probs) in stored log-probs."""
+    return int(np.count_nonzero(np.isnan(stored)))

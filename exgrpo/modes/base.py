@@ -1,0 +1,228 @@
+"""What a reward mode is: one registered class that owns everything the trainer, the pool and the tools would
+otherwise decide by comparing the mode's name (docs/algorithm.md §13, docs/architecture.md).
+
+A mode owns
+
+* **its config keys** (:attr:`RewardMode.options`: ``exgrpo.<key>`` -> :class:`ModeOption`) and their validation
+  (:meth:`RewardMode.validate`). ``ExGRPOConfig`` accepts every registered mode's keys; a key that only other modes
+  read must keep its default in a run of this mode (it would do nothing), and the config says which mode reads it;
+* **its collection rules** (:meth:`RewardMode.planner`): per group of one collect call, a :class:`GroupPlan` —
+  retire the question, its bucket (None: the group carries no learning signal, and the ``zero_success`` rule
+  applies), the fresh members to store. The writer applies plans the same way for every mode; the mode keeps the
+  statistics of the call (:meth:`~RewardMode.new_stats`, :meth:`~RewardMode.count_no_signal`,
+  :meth:`~RewardMode.count_bucket`) and turns them into metrics (:meth:`~RewardMode.collect_metrics`);
+* **its delayed-start signal** (:meth:`~RewardMode.schedule_settings` for ``ExperienceSchedule``,
+  :meth:`~RewardMode.start_signal` of a step's rewards, :meth:`~RewardMode.switch_message`);
+* **the reward figures the trainer logs** each step beyond verl's own (:meth:`~RewardMode.reward_metrics`);
+* **its pools' header tag** (:meth:`~RewardMode.settings`, read back with :func:`saved_mode_name`);
+* **its line in the dry run's summary** (:meth:`~RewardMode.describe`) and whether a reward model may feed it
+  (:attr:`~RewardMode.accepts_reward_model`).
+
+Adding a mode is one module with one decorated class (``@register_reward_mode("name")``), imported by
+``exgrpo/modes/__init__.py``. The class-level parts (options, validation, schedule settings, description) work on a
+config; :meth:`RewardMode.from_config` builds the instance the pool and the manager use.
+
+This module imports neither the config (which imports the modes to validate) nor the pool (whose writer applies the
+plans): a mode sees a config duck-typed, through its attributes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from exgrpo.registry import Registry
+
+__all__ = [
+    "DEFAULT_REWARD_MODE",
+    "REWARD_MODES",
+    "GroupPlan",
+    "ModeOption",
+    "RewardMode",
+    "get_reward_mode",
+    "option_defaults",
+    "option_owners",
+    "register_reward_mode",
+    "saved_mode_name",
+]
+
+#: The mode of a config that names none, and of a saved pool whose header carries no mode (pools of the paper's
+#: binary mode predate the tag).
+DEFAULT_REWARD_MODE = "binary"
+
+
+@dataclass(frozen=True)
+class ModeOption:
+    """A key of the ``exgrpo:`` block that a mode owns: its default and what it means."""
+
+    default: Any
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What collection does with one group (docs/algorithm.md §3, §13).
+
+    ``retire``: the question is solved for good (binary K/K); ``bucket``: the question's new bucket (1..K−1 are
+    sampled), or None when the group carries no learning signal (binary 0/K, a flat continuous group): then the
+    ``zero_success`` rule applies; ``members``: indices into the group's members of the fresh ones to store.
+    """
+
+    retire: bool = False
+    bucket: int | None = None
+    members: tuple[int, ...] = ()
+
+
+class RewardMode(ABC):
+    """Base class of the reward modes: a mode defines at least its collection rules (:meth:`planner`), its start
+    signal (:meth:`start_signal`, :meth:`schedule_settings`); the other hooks have defaults."""
+
+    #: the registered name (``exgrpo.reward_mode``), set by :func:`register_reward_mode`
+    name: ClassVar[str] = ""
+    #: the ``exgrpo.*`` keys this mode reads and no mode-independent code does
+    options: ClassVar[Mapping[str, ModeOption]] = {}
+    #: a reward model (``reward.reward_model.enable``, real-valued scores) is a valid reward for this mode
+    accepts_reward_model: ClassVar[bool] = False
+    #: the per-step metric that shows this mode's training signal (the learning curves plot it)
+    signal_metric: ClassVar[str] = "exgrpo/sampled_pass_rate"
+    #: how that signal is called in plots and tables
+    signal_label: ClassVar[str] = "batch pass rate of the sampled responses"
+    #: how the buckets of this mode's pools read (the pool inspector): the label of bucket ``{b}`` (``{k}``: K), what
+    #: the buckets mean, and an axis title
+    bucket_wording: ClassVar[tuple[str, str, str]] = ("{b}", "buckets 0..{k_1}", "bucket")
+
+    # ------------------------------------------------------------------ config (class level: a config suffices)
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        """Check this mode's own keys on ``cfg`` through ``exgrpo.checks`` (collected with the config's problems)."""
+        return None
+
+    @classmethod
+    def foreign_option_problem(cls, key: str, value: Any) -> str | None:
+        """A message for ``exgrpo.<key>`` (a key of another mode) set in a run of this mode, when the generic one
+        would not say what to do instead; None for the generic one."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def schedule_settings(cls, cfg: Any) -> dict[str, Any]:
+        """Keyword arguments of ``ExperienceSchedule`` that say what starts mixed mode (``signal``, ``threshold``,
+        ``start_steps``)."""
+
+    @classmethod
+    def describe(cls, cfg: Any) -> str:
+        """This mode's part of the dry run's one-line summary of a launch."""
+        return f"reward_mode={cls.name}"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RewardMode:
+        """The instance the pool and the manager use, with the settings of a validated ``cfg`` resolved."""
+        return cls()
+
+    # ------------------------------------------------------------------ the pool's header tag
+    def settings(self) -> dict[str, Any]:
+        """What the saved pool's header records of the mode (its settings section); :func:`saved_mode_name` reads
+        the name back."""
+        return {"reward_mode": self.name}
+
+    # ------------------------------------------------------------------ collection
+    @abstractmethod
+    def planner(
+        self,
+        groups: Sequence[Any],
+        k: int,
+        *,
+        count_replayed: bool,
+        stats: Any,
+        check_size: Callable[[Any], None],
+    ) -> Callable[[int, Any], GroupPlan]:
+        """For one collect call over ``groups`` (``Group`` objects), the function ``(index, group) -> GroupPlan``
+        the writer calls in order, once per group of a question that is not retired. ``check_size(group)`` raises
+        for a group without K members; a mode that plans the whole call up front checks every group first, so a
+        malformed group stops the call before anything changes. ``stats`` is the call's ``CollectStats``."""
+
+    def new_stats(self) -> dict[str, Any]:
+        """The mode's own figures of one collect call (``CollectStats.mode_stats``), empty."""
+        return {}
+
+    def count_no_signal(self, stats: Any) -> None:
+        """A group without learning signal reached the ``zero_success`` rule."""
+        stats.zero_success += 1
+
+    def count_bucket(self, stats: Any, bucket: int) -> None:
+        """A group's bucket was computed (before the collection bounds are applied)."""
+        return None
+
+    def collect_metrics(self, stats: Any, prefix: str) -> dict[str, float]:
+        """The metrics of ``stats.mode_stats`` (beside the figures every mode reports)."""
+        return {}
+
+    # ------------------------------------------------------------------ delayed start
+    @abstractmethod
+    def start_signal(self, rewards: Any) -> float:
+        """The value of a step's rewards (every member of every group) that the delayed start watches."""
+
+    def switch_message(self, step: int, value: float, schedule: Any) -> str:
+        """The line printed when mixed mode switches on after ``step``, whose signal was ``value``."""
+        return f"[exgrpo] step {step}: mixed mode on"
+
+    # ------------------------------------------------------------------ the trainer's reward figures
+    def reward_metrics(
+        self, scores: Any, replayed: Any, uids: Any, extra: Mapping[str, Any] | None = None
+    ) -> dict[str, float]:
+        """Figures of one step's rewards (``scores`` per row, ``replayed`` rows, group ``uids``, the reward's extra
+        keys) that this mode logs beside verl's own."""
+        return {}
+
+
+REWARD_MODES: Registry[type[RewardMode]] = Registry("reward mode", key="exgrpo.reward_mode")
+
+
+def register_reward_mode(name: str, **tags: Any) -> Callable[[type[RewardMode]], type[RewardMode]]:
+    """Class decorator: register a :class:`RewardMode` subclass under ``name`` (sets its ``name``).
+
+    Its options must not clash with another mode's: a key two modes read (a mode extending another) must have the
+    same default in both, since a run of a third mode requires that default.
+    """
+
+    def decorator(cls: type[RewardMode]) -> type[RewardMode]:
+        if not (isinstance(cls, type) and issubclass(cls, RewardMode)):
+            raise TypeError(f"reward mode {name!r} must be a RewardMode subclass, got {cls!r}")
+        for key, option in cls.options.items():
+            for other_name, other in REWARD_MODES.items():
+                if key in other.options and other.options[key].default != option.default:
+                    raise ValueError(
+                        f"reward mode {name!r}: option exgrpo.{key} has default {option.default!r}, but reward mode "
+                        f"{other_name!r} reads the same key with default {other.options[key].default!r}"
+                    )
+        REWARD_MODES.register(name, **tags)(cls)
+        cls.name = name
+        return cls
+
+    return decorator
+
+
+def get_reward_mode(name: str) -> type[RewardMode]:
+    """The mode registered under ``name``; an unknown name is a ValueError listing the registered ones."""
+    return REWARD_MODES.get(name)
+
+
+def option_defaults() -> dict[str, Any]:
+    """Every registered mode's keys with their defaults (the keys in registration order)."""
+    out: dict[str, Any] = {}
+    for mode in REWARD_MODES.values():
+        for key, option in mode.options.items():
+            out.setdefault(key, option.default)
+    return out
+
+
+def option_owners(key: str) -> list[str]:
+    """The registered modes that read ``exgrpo.<key>``."""
+    return [name for name, mode in REWARD_MODES.items() if key in mode.options]
+
+
+def saved_mode_name(settings: Mapping[str, Any]) -> str:
+    """The mode a saved pool was collected in, from its header's settings section."""
+    return str(settings.get("reward_mode", DEFAULT_REWARD_MODE))

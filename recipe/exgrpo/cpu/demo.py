@@ -1,0 +1,492 @@
+"""Tiny ExGRPO training on CPU through the real verl trainer: the README's main command.
+
+``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [hydra overrides...]`` builds
+(or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
+(recipe/exgrpo/cpu/assets.py, no downloads), runs ``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend
+under a hard wall-clock limit, prints one short line per step (the full verl log goes to ``<out>/train.log``,
+every metric to ``<out>/metrics.jsonl``), and ends with a summary and a PNG learning curve (validation
+accuracy per difficulty, batch pass rate, pool size, replayed share).
+
+The same functions drive the e2e tests and the CPU benchmarks (``benchmarks/learning_cpu.py``,
+``benchmarks/exgrpo_vs_grpo_cpu.py``). The demo's settings are :data:`DEMO_SETTINGS`; how they were chosen and
+what they give is in docs/learning.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exgrpo.modes import DEFAULT_REWARD_MODE, get_reward_mode
+from recipe.exgrpo.cpu import CPU_ROLLOUTS
+from recipe.exgrpo.cpu.procs import RunResult, run_ray_command_in_new_session
+from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class ExGRPOCpuRun:
+    """Settings of a tiny CPU ExGRPO run (prompt counts per step; K = rollout_n).
+
+    The defaults are a small, fast configuration for tests and timing benchmarks; the demo's settings (chosen so
+    that the validation accuracy rises clearly, docs/learning.md) are :data:`DEMO_SETTINGS` (:func:`demo_run`).
+    """
+
+    output_dir: Path
+    steps: int = 30
+    train_batch_size: int = 8
+    rollout_n: int = 4
+    ppo_mini_batch_size: int = 8
+    # rows per forward/backward of the actor (per device); larger = fewer, bigger matmuls on CPU
+    micro_batch_size: int = 16
+    # the byte-level toy tokenizer spends ~70 tokens on the chat-templated question
+    max_prompt_length: int = 128
+    # the response "</think>\boxed{1044}<|im_end|>" is 21 tokens
+    max_response_length: int = 24
+    # Adam moves each weight by about lr per step, whatever the loss scale: at 1e-4 even a trivially learnable
+    # reward rises slowly on this 157k-parameter model, at 1e-3 one step wrecks its arithmetic (docs/learning.md)
+    lr: float = 2e-4
+    delayed_start_threshold: float = 0.2
+    replay_ratio: float = 0.5
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = False
+    # validation: every question sampled val_n times at val_temperature (mean@val_n; 0 = greedy)
+    val_temperature: float = 1.0
+    val_n: int = 1
+    resume_mode: str = "disable"
+    resume_from_path: str | None = None
+    exgrpo_enable: bool = True
+    # a reward file with verl's compute_score signature (None: the recipe's math-verify reward, or in the
+    # continuous reward mode the toy task's partial credit, recipe/exgrpo/cpu/partial_credit.py)
+    reward_fn_path: str | None = None
+    # exgrpo.reward_mode: binary (0/1 rewards) or continuous (real-valued rewards, docs/algorithm.md §13)
+    reward_mode: str = DEFAULT_REWARD_MODE
+    wall_limit_s: float = 1500.0
+    seed: int = 0
+    ray_temp_dir: str | None = None
+    # "hf" (the Hugging Face stand-in) or "vllm" (verl's vLLM rollout on the vLLM CPU stack, its own venv)
+    rollout: str = "hf"
+    # the interpreter that runs the trainer (default: this one); the vLLM stack lives in .venv-vllm
+    python: str | None = None
+    extra_overrides: list[str] = field(default_factory=list)
+
+
+# The demo's settings (and those of benchmarks/learning_cpu.py): how they were chosen is in docs/learning.md.
+DEMO_SETTINGS: dict = dict(
+    steps=60,
+    train_batch_size=16,
+    rollout_n=8,
+    ppo_mini_batch_size=16,
+    micro_batch_size=64,
+    lr=2e-4,
+    # the paper's τ: replay starts once the batch pass rate exceeds 0.35 (the warmed-up model starts at ~0.2)
+    delayed_start_threshold=0.35,
+    test_freq=10,
+    val_before_train=True,
+    val_temperature=1.0,
+    val_n=1,
+)
+
+
+# On the vLLM rollout the demo replays from step 2 (its model starts below the demo's τ, docs/cpu_backend.md).
+VLLM_DEMO_DELAYED_START = -1.0
+
+
+def demo_run(output_dir: str | Path, **overrides) -> ExGRPOCpuRun:
+    """An :class:`ExGRPOCpuRun` with the demo's settings; keyword arguments replace any of them."""
+    return ExGRPOCpuRun(output_dir=Path(output_dir), **{**DEMO_SETTINGS, **overrides})
+
+
+def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_file: str) -> list[str]:
+    """Hydra overrides of ``recipe.exgrpo.main_exgrpo`` for a tiny CPU run."""
+    spec = CpuRunSpec(
+        model_path=model_path,
+        train_files=train_file,
+        val_files=val_file,
+        output_dir=str(run.output_dir),
+        total_training_steps=run.steps,
+        train_batch_size=run.train_batch_size,
+        rollout_n=run.rollout_n,
+        ppo_mini_batch_size=run.ppo_mini_batch_size,
+        micro_batch_size_per_device=run.micro_batch_size,
+        max_prompt_length=run.max_prompt_length,
+        max_response_length=run.max_response_length,
+        lr=run.lr,
+        seed=run.seed,
+        ray_temp_dir=run.ray_temp_dir,
+        save_freq=run.save_freq,
+        test_freq=run.test_freq,
+        val_before_train=run.val_before_train,
+        resume_mode=run.resume_mode,
+        project_name="exgrpo_cpu_demo",
+        experiment_name="exgrpo" if run.exgrpo_enable else "onpolicy",
+        rollout=run.rollout,
+    )
+    overrides = cpu_overrides(spec) + [
+        # the recipe's reward with its </think> gate on (as for the paper's Qwen-Math runs): the warmed-up model
+        # closes the think block in about half its answers (recipe/exgrpo/cpu/assets.py)
+        "+reward.custom_reward_function.reward_kwargs.timeout_s=null",
+        # Dr.GRPO constant normaliser L_max = the response budget of this tiny run (8192 in the 7B run)
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        f"actor_rollout_ref.actor.loss_scale_factor={run.max_response_length}",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "algorithm.norm_adv_by_std_in_grpo=False",
+        f"actor_rollout_ref.rollout.val_kwargs.temperature={run.val_temperature}",
+        f"actor_rollout_ref.rollout.val_kwargs.do_sample={run.val_temperature > 0}",
+        f"actor_rollout_ref.rollout.val_kwargs.n={run.val_n}",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
+        f"exgrpo.enable={run.exgrpo_enable}",
+        *reward_mode_overrides(run),
+        f"exgrpo.replay_ratio={run.replay_ratio}",
+        f"exgrpo.seed={run.seed}",
+    ]
+    if run.resume_from_path:
+        overrides.append(f"trainer.resume_from_path={run.resume_from_path}")
+    if run.reward_fn_path:
+        overrides.append(f"reward.custom_reward_function.path={run.reward_fn_path}")
+    return overrides + list(run.extra_overrides)
+
+
+#: The continuous mode's reward on the toy task: partial credit for the format and for each right digit.
+PARTIAL_CREDIT_REWARD = "pkg://recipe.exgrpo.cpu.partial_credit"
+#: The toy task's reward for each reward mode the demo runs (``--reward``): the reward function (None: the recipe's
+#: math-verify 0/1 reward, recipe/exgrpo/reward.py) and its name in the demo's lines.
+TOY_REWARDS: dict[str, tuple[str | None, str]] = {
+    "binary": (None, "the math-verify 0/1 reward"),
+    "continuous": (PARTIAL_CREDIT_REWARD, "partial credit"),
+}
+
+
+def reward_mode_overrides(run: ExGRPOCpuRun) -> list[str]:
+    """The reward mode's overrides: the mode, the delayed-start τ when the mode reads one (the binary pass rate's; the
+    continuous mode's start is a step count, the recipe's default), and the mode's toy reward unless another is
+    given."""
+    mode = get_reward_mode(run.reward_mode)
+    out = [f"exgrpo.reward_mode={run.reward_mode}"]
+    if "delayed_start_threshold" in mode.options:
+        out.append(f"exgrpo.delayed_start_threshold={run.delayed_start_threshold}")
+    toy_reward = TOY_REWARDS.get(run.reward_mode, (None, ""))[0]
+    if toy_reward and not run.reward_fn_path:
+        out.append(f"reward.custom_reward_function.path={toy_reward}")
+    return out
+
+
+def launch(
+    run: ExGRPOCpuRun,
+    assets=None,
+    echo: bool = True,
+    on_step: Callable[[dict], None] | None = None,
+) -> RunResult:
+    """Run the trainer in its own process session under ``run.wall_limit_s``.
+
+    Everything the trainer prints goes to ``<output_dir>/train.log``; its metrics to ``metrics.jsonl``. With
+    ``echo`` the log is copied to stdout as it grows; ``on_step`` is called with each metrics row as verl's file
+    logger writes it (the demo's short per-step line).
+    """
+    if assets is None:
+        from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
+
+        assets = ensure_assets(asset_spec(run.rollout))
+    run.output_dir = Path(run.output_dir)
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = run.output_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        metrics_path.unlink()
+    overrides = build_overrides(run, str(assets.model_path), str(assets.train_file), str(assets.val_file))
+    env = {**os.environ, **cpu_env(output_dir=run.output_dir, wall_limit_s=run.wall_limit_s)}
+    cmd = [run.python or sys.executable, "-m", "recipe.exgrpo.main_exgrpo", *overrides]
+    log_path = run.output_dir / "train.log"
+    log_path.write_text("")
+    stop = threading.Event()
+    followers = []
+    if echo:
+        followers.append(threading.Thread(target=_follow_text, args=(log_path, stop), daemon=True))
+    if on_step:
+        followers.append(threading.Thread(target=_follow_metrics, args=(metrics_path, stop, on_step), daemon=True))
+    for t in followers:
+        t.start()
+    try:
+        return run_ray_command_in_new_session(
+            cmd, env=env, cwd=str(REPO_ROOT), timeout_s=run.wall_limit_s + 60, log_path=log_path
+        )
+    finally:
+        stop.set()
+        for t in followers:
+            t.join(timeout=5)
+
+
+def _follow_text(path: Path, stop: threading.Event) -> None:
+    """Print the run's log as it grows."""
+    with open(path, errors="replace") as f:
+        while True:
+            line = f.readline()
+            if line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            elif stop.is_set():
+                break
+            else:
+                time.sleep(0.2)
+
+
+def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict], None]) -> None:
+    """Call ``on_step`` with each metrics row verl's file logger appends (it writes unbuffered, one line per step)."""
+    from recipe.exgrpo.cpu.learning_curves import parse_metrics_line
+
+    while not path.exists():
+        if stop.wait(0.2):
+            return
+    with open(path, errors="replace") as f:
+        pending = ""
+        while True:
+            chunk = f.readline()
+            if chunk:
+                pending += chunk
+                if not pending.endswith("\n"):
+                    continue
+                data, pending = parse_metrics_line(pending), ""
+                if data is None:
+                    continue
+                try:
+                    on_step(data)
+                except Exception as exc:  # a display problem must never stop the run
+                    sys.stderr.write(f"[demo] could not print step {data.get('step')}: {exc}\n")
+            elif stop.is_set():
+                break
+            else:
+                time.sleep(0.2)
+
+
+def read_metrics(output_dir: str | Path) -> list[dict]:
+    """The per-step metric dicts verl's file logger wrote (one JSON line per step)."""
+    from recipe.exgrpo.cpu.learning_curves import read_metrics_file
+
+    return read_metrics_file(Path(output_dir) / "metrics.jsonl")
+
+
+def step_line(row: dict, total_steps: int) -> str | None:
+    """The few figures a person watches, for one metrics row (None for rows without them)."""
+    from recipe.exgrpo.cpu.learning_curves import level_name, ordered_levels, validation_by_source
+
+    parts = []
+    step = int(row.get("step") or 0)
+    val = validation_by_source(row)
+    if "exgrpo/batch_pass_rate" in row:
+        questions = row.get("exgrpo/fresh_questions", 0) + row.get("exgrpo/replayed_questions", 0)
+        pass_rate = row.get("exgrpo/sampled_pass_rate", row["exgrpo/batch_pass_rate"])
+        # the continuous mode shows the mean reward of the sampled responses instead
+        shown = (
+            f"reward {row['exgrpo/reward/mean']:.3f}" if "exgrpo/reward/mean" in row else f"pass rate {pass_rate:.3f}"
+        )
+        entries, pool_q = int(row.get("exgrpo/pool/entries", 0)), int(row.get("exgrpo/pool/questions", 0))
+        parts.append(
+            f"step {step:>3}/{total_steps}  {shown}  pool {entries:>4} traj / {pool_q:>3} q"
+            f"  retired {int(row.get('exgrpo/pool/retired', 0)):>3}"
+            f"  replayed {int(row.get('exgrpo/replayed_questions', 0)):>2}/{int(questions)}"
+            f"  {row.get('timing_s/step', float('nan')):.1f} s"
+        )
+    if val:
+        named = {level_name(s): v for s, v in val.items()}
+        by_level = {lv: named[lv] for lv in ordered_levels(named)}
+        mean = sum(by_level.values()) / len(by_level)
+        levels = "  ".join(f"{lv} {v:.3f}" for lv, v in by_level.items())
+        prefix = "" if parts else f"step {step:>3}/{total_steps}  "
+        parts.append(f"{prefix}validation accuracy {mean:.3f}  ({levels})")
+    return "\n".join(parts) if parts else None
+
+
+#: Paths the override check composes the demo's config with (the dry run lists them as not checked; the assets
+#: are built only after the check).
+_PLACEHOLDERS = ("/dry-run-placeholder/MODEL_PATH", "/dry-run-placeholder/TRAIN_FILE", "/dry-run-placeholder/VAL_FILE")
+
+
+def override_problems(run: ExGRPOCpuRun) -> list[str]:
+    """The problems the launch scripts' dry run (``python -m recipe.exgrpo.dry_run``, in a subprocess with the CPU
+    run's environment) finds in the demo's config with its extra overrides: a mistyped key with its did-you-mean, a
+    value out of range. Empty when it validates. About 15 s (verl is imported), so only run for extra overrides."""
+    import subprocess
+
+    overrides = build_overrides(run, *_PLACEHOLDERS)
+    env = {**os.environ, **cpu_env(output_dir=run.output_dir, wall_limit_s=run.wall_limit_s)}
+    proc = subprocess.run(
+        [run.python or sys.executable, "-m", "recipe.exgrpo.dry_run", "--quiet", "--", *overrides],
+        cwd=str(REPO_ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode == 0:
+        return []
+    lines = proc.stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("[dry-run] FAILED")), None)
+    if start is None:
+        return [f"the config check failed (exit status {proc.returncode}): " + " ".join(lines[-3:])]
+    return [line[4:] for line in lines[start + 1 :] if line.startswith("  - ")] or [lines[start]]
+
+
+def run_description(run: ExGRPOCpuRun, test_freq: int) -> str:
+    """The demo's line about the run it starts: steps, batch, learning rate, validation (or none)."""
+    validation = (
+        f"validation every {test_freq} steps (sampled at T = {run.val_temperature:g})"
+        if test_freq > 0
+        else "no validation (--test-freq 0)"
+    )
+    return f"{run.steps} steps of {run.train_batch_size} questions x K = {run.rollout_n}, lr {run.lr:g}, {validation}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = demo_run(".")
+    parser = argparse.ArgumentParser(prog="python -m recipe.exgrpo.cpu_demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default {defaults.steps})")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help=f"seed of data order, sampling and replay (default {defaults.seed})",
+    )
+    parser.add_argument("--out", help="output folder (default: outputs/cpu_demo, outputs/cpu_demo_vllm for vllm)")
+    parser.add_argument("--onpolicy", action="store_true", help="plain on-policy GRPO (exgrpo.enable=false)")
+    parser.add_argument(
+        "--reward",
+        choices=sorted(TOY_REWARDS),
+        default=DEFAULT_REWARD_MODE,
+        help="the reward mode (exgrpo.reward_mode) and its toy reward: "
+        + "; ".join(f"{mode}: {label}" for mode, (_, label) in TOY_REWARDS.items()),
+    )
+    parser.add_argument(
+        "--rollout",
+        choices=CPU_ROLLOUTS,
+        default=CPU_ROLLOUTS[0],
+        help="hf: the Hugging Face CPU stand-in; vllm: verl's vLLM rollout on the vLLM CPU stack "
+        "(bash scripts/demo_cpu.sh --rollout vllm sets it up)",
+    )
+    parser.add_argument(
+        "--test-freq", type=int, default=10, help="validate every N steps and before training (default 10; 0: off)"
+    )
+    parser.add_argument(
+        "--wall-limit", type=float, default=1500.0, help="hard wall-clock limit in seconds (default 1500)"
+    )
+    parser.add_argument(
+        "--save-freq",
+        type=int,
+        default=-1,
+        help="checkpoint (verl's state and the pool) every N steps (default -1: off)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="print verl's full log instead of one line per step")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="extra hydra overrides, e.g. exgrpo.replay_ratio=0.25 (checked first by the launch scripts' dry run)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out or REPO_ROOT / "outputs" / ("cpu_demo" if args.rollout == "hf" else f"cpu_demo_{args.rollout}"))
+    from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
+    from recipe.exgrpo.cpu.learning_curves import describe_run, plot_run, run_curve
+
+    if args.rollout == "vllm":
+        from recipe.exgrpo.cpu.vllm_stack import stack_problems
+
+        problems = stack_problems()
+        if problems:
+            print("[demo] --rollout vllm: " + "; ".join(problems), file=sys.stderr)
+            return 2
+    # what decides the launch's config (the override check below and the run itself)
+    chosen = dict(
+        reward_mode=args.reward,
+        rollout=args.rollout,
+        exgrpo_enable=not args.onpolicy,
+        extra_overrides=list(args.overrides),
+    )
+    if args.overrides:  # a typo must not wait for the assets and Ray, nor reach the trainer's hydra message
+        print(f"[demo] checking the {len(args.overrides)} extra override(s) (the launch scripts' dry run) ...")
+        check = demo_run(out, **chosen)
+        problems = override_problems(check)
+        if problems:
+            print("[demo] the extra overrides do not validate:", file=sys.stderr)
+            for p in problems:
+                print(f"[demo]   - {p}", file=sys.stderr)
+            return 2
+    t0 = time.time()
+    print("[demo] tiny model and toy data: building them if needed (once; cached under .cache/exgrpo-assets) ...")
+    assets = ensure_assets(asset_spec(args.rollout))
+    report = assets.report
+    spread = "  ".join(f"{lv} {r['pass_rate']:.2f}" for lv, r in report.get("per_level", {}).items())
+    print(f"[demo] assets ready in {time.time() - t0:.0f} s: {assets.root}")
+    print(f"[demo] warmed-up model: pass rate at temperature 1 on the validation questions: {spread}")
+    run = demo_run(
+        out,
+        steps=args.steps,
+        seed=args.seed,
+        wall_limit_s=args.wall_limit,
+        test_freq=args.test_freq,
+        save_freq=args.save_freq,
+        val_before_train=args.test_freq > 0,
+        **chosen,
+    )
+    if (
+        args.rollout == "vllm"
+        and "delayed_start_threshold" in get_reward_mode(args.reward).options
+        and not any(o.startswith("exgrpo.delayed_start_threshold=") for o in args.overrides)
+    ):
+        # the vLLM model (head size 32) leaves its warm-up below the demo's τ: replay from step 2 shows the whole
+        # ExGRPO step on vLLM in a short run
+        run.delayed_start_threshold = VLLM_DEMO_DELAYED_START
+        print(
+            f"[demo] vllm: no delayed start (exgrpo.delayed_start_threshold={VLLM_DEMO_DELAYED_START:g}, replay from "
+            f"step 2); exgrpo.delayed_start_threshold={DEMO_SETTINGS['delayed_start_threshold']} restores the demo's"
+        )
+    arm = (
+        ("ExGRPO" if run.exgrpo_enable else "on-policy GRPO")
+        + (f", {TOY_REWARDS[args.reward][1]}" if TOY_REWARDS[args.reward][0] else "")
+        + (" on vLLM" if run.rollout == "vllm" else "")
+    )
+    print(f"[demo] {arm}: {run_description(run, args.test_freq)}")
+    print(f"[demo] starting Ray and verl's workers (about a minute); full log: {out / 'train.log'}", flush=True)
+
+    def show(row: dict) -> None:
+        line = step_line(row, run.steps)
+        if line:
+            print("[demo] " + line.replace("\n", "\n[demo] "), flush=True)
+
+    result = launch(run, assets, echo=args.verbose, on_step=None if args.verbose else show)
+    rows = read_metrics(out)
+    curve = run_curve(
+        rows,
+        label=f"{arm}, seed {run.seed}",
+        wall_seconds=result.wall_seconds,
+        group_size=run.rollout_n,
+        reward_mode=run.reward_mode,
+    )
+    print("\n" + "=" * 100)
+    print(describe_run(curve) or "no training steps were logged")
+    print(
+        f"\nwall time {result.wall_seconds:.0f} s, peak RSS {result.peak_rss_bytes / 2**30:.2f} GiB, "
+        f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}"
+    )
+    if curve.steps:
+        png = plot_run(curve, out / "learning_curve.png", title=f"{arm} on the toy arithmetic task (CPU demo)")
+        print(f"learning curve: {png}")
+    if result.timed_out:
+        print(f"[demo] the run hit its wall-clock limit ({args.wall_limit:.0f} s)", file=sys.stderr)
+        return 124
+    if result.returncode:
+        print(f"[demo] the trainer failed (exit status {result.returncode}); the end of its log:", file=sys.stderr)
+        print(result.log_tail(4000), file=sys.stderr)
+    return int(result.returncode or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What the dry run returns: the report of a valid launch, or the error listing every problem."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from recipe.exgrpo.tools.dry_run.multi_turn import multi_turn_summary
+from recipe.exgrpo.tools.dry_run.reward_model import reward_summary
+
+
+class DryRunError(ValueError):
+    """The composed config would not launch; ``problems`` holds one message per problem, each naming its key."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        n = len(self.problems)
+        super().__init__(f"{n} problem{'s' if n != 1 else ''}:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+@dataclass
+class DryRunReport:
+    """A valid launch: the composed config (recipe defaults filled in, interpolations kept) and its ExGRPO block."""
+
+    config: DictConfig
+    exgrpo: Any  # exgrpo.config.ExGRPOConfig
+    overrides: list[str]
+    notes: list[str] = field(default_factory=list)
+    #: not errors, but likely to fail on the cluster (the GPU memory estimate)
+    warnings: list[str] = field(default_factory=list)
+    #: the pre-flight's checks that could not run on this machine, each with the reason (a path not here)
+    not_checked: list[str] = field(default_factory=list)
+
+    def resolved_yaml(self) -> str:
+        return OmegaConf.to_yaml(self.config, resolve=True)
+
+    def summary(self) -> str:
+        c, x = self.config, self.exgrpo
+        k = int(c.actor_rollout_ref.rollout.n)
+        b = int(c.data.train_batch_size)
+        parts = [
+            f"experiment={c.trainer.project_name}/{c.trainer.experiment_name}",
+            f"model={c.actor_rollout_ref.model.path}",
+            f"gpus={c.trainer.nnodes}x{c.trainer.n_gpus_per_node}",
+            f"rollout={c.actor_rollout_ref.rollout.name}(tp={c.actor_rollout_ref.rollout.tensor_model_parallel_size})",
+            f"B={b} K={k} steps={c.trainer.total_training_steps or f'{c.trainer.total_epochs} epochs'}",
+        ]
+        reward_kwargs = c.reward.custom_reward_function.get("reward_kwargs") or {}
+        if "think_gate" in reward_kwargs:
+            parts.append(f"think_gate={reward_kwargs.think_gate}")
+        if x.enable:
+            sigma = f"{x.resolved_sigma:g}" + (" (1/K)" if x.sigma is None else "")
+            parts.append(
+                f"exgrpo: rho={x.replay_ratio:g} (replay {int(x.replay_ratio * b)} of {b} questions) "
+                f"{x.mode.describe(x)} "
+                f"weighting={x.weighting}(mu={x.mu:g}, sigma={sigma}) "
+                f"trajectory={x.trajectory_metric}/{x.trajectory_mode} shaping={x.shaping}(beta={x.shaping_beta:g}) "
+                f"is_correction={x.is_correction}"
+            )
+        else:
+            parts.append("exgrpo: disabled (on-policy Dr.GRPO baseline)")
+        parts += reward_summary(c, x)
+        from recipe.exgrpo.stage_deadlines import deadlines_from_config
+
+        parts.append(deadlines_from_config(c).describe())
+        parts += multi_turn_summary(c)
+        return "  ".join(parts)

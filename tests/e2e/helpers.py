@@ -1,0 +1,99 @@
+"""Shapes the e2e tests share: launching a run and checking it ended by itself, reading its outputs (verl's
+metrics, the recipe's trace), the resume-equivalence check, a run spec built from the tiny assets, and finding the
+processes of a run after it was killed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch
+from recipe.exgrpo.cpu.procs import RunResult
+from recipe.exgrpo.cpu.run_config import CpuRunSpec
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def read_trace(run_dir: Path) -> list[dict]:
+    """The recipe's ``exgrpo_trace.jsonl`` of a run launched with ``output_dir=run_dir``."""
+    return read_jsonl(Path(run_dir) / "checkpoints" / "exgrpo_trace.jsonl")
+
+
+def assert_ran(name: str, result: RunResult) -> None:
+    """The run ended by itself, before its wall-clock limit, with exit code 0."""
+    assert not result.timed_out, f"run {name} hit its wall-clock limit\n{result.log_tail()}"
+    assert result.returncode == 0, f"run {name} failed (rc={result.returncode})\n{result.log_tail()}"
+
+
+def launch_ok(run: ExGRPOCpuRun, assets=None, name: str | None = None) -> RunResult:
+    """``launch`` the run (quietly) and assert it ended by itself with exit code 0."""
+    result = launch(run, assets, echo=False)
+    assert_ran(name or Path(run.output_dir).name, result)
+    return result
+
+
+def step_record(trace: list[dict], step: int) -> dict:
+    return next(r for r in trace if r["event"] == "step" and r["step"] == step)
+
+
+def assert_resume_repeats_the_next_draw(
+    trace_u: list[dict], trace_r: list[dict], saved_step: int, expect_replay: bool = False
+) -> None:
+    """The resumed run restored what the uninterrupted run held when it saved at ``saved_step`` (the state digest,
+    leftover prompts and loader epoch it recorded at save time), and its next step drew what the uninterrupted
+    run drew: the same replayed questions, fresh prompts and selected trajectories."""
+    resumes = [r for r in trace_r if r["event"] == "resume"]
+    assert [r["global_steps"] for r in resumes] == [saved_step], resumes
+    (resume,) = resumes
+    (saved,) = [r for r in trace_u if r["event"] == "save" and r["global_steps"] == saved_step]
+    assert resume["state_digest"] == saved["state_digest"], "the restored state differs from the saved one"
+    assert resume["leftover_rows"] == saved["leftover_rows"]
+    assert resume["loader_epoch"] == saved["loader_epoch"]
+    next_u, next_r = step_record(trace_u, saved_step + 1), step_record(trace_r, saved_step + 1)
+    assert next_r["replay_question_ids"] == next_u["replay_question_ids"]
+    if expect_replay:
+        assert next_u["replay_question_ids"], f"step {saved_step + 1} replayed nothing: the check would be empty"
+    assert next_r["fresh_rows"] == next_u["fresh_rows"]
+    assert next_r["selected_entry_ids"] == next_u["selected_entry_ids"]
+
+
+def cpu_run_spec(assets, output_dir: Path, **kw) -> CpuRunSpec:
+    """A :class:`CpuRunSpec` on the tiny model and toy data of ``assets``."""
+    return CpuRunSpec(
+        model_path=str(assets.model_path),
+        train_files=str(assets.train_file),
+        val_files=str(assets.val_file),
+        output_dir=str(output_dir),
+        **kw,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ processes
+def run_processes(ray_temp_dir: str) -> list[psutil.Process]:
+    """Live processes of the run, wherever they are: Ray puts its private temp dir on their command lines."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if ray_temp_dir in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_none_left(ray_temp_dir: str, deadline_s: float = 60) -> list[psutil.Process]:
+    """After the session was killed: wait (generously) until no process of the run is left; return survivors."""
+    end = time.monotonic() + deadline_s
+    while (left := run_processes(ray_temp_dir)) and time.monotonic() < end:
+        time.sleep(0.5)
+    return left
+
+
+def ray_started(ray_temp_dir: str) -> bool:
+    """Whether Ray started a node under ``ray_temp_dir`` (its session folder with the raylet's log exists)."""
+    return any(Path(ray_temp_dir).glob("session_*/logs/raylet.out"))

@@ -1,0 +1,166 @@
+"""Process hygiene of recipe/exgrpo/cpu/procs.py without Ray: a session is killed at once when an exception leaves
+``run_in_new_session`` (no grace wait), and SIGTERM/SIGHUP to the caller kill every session it started before it
+stops. The sessions here are ``sleep`` processes; tests/e2e/test_sigterm_cpu.py does the same to a pytest running a
+real verl run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from recipe.exgrpo.cpu.procs import (
+    RAY_STARTUP_TIMEOUT,
+    active_sessions,
+    run_in_new_session,
+    run_ray_command_in_new_session,
+    session_processes,
+)
+
+# a session leader with a child that outlives nothing by itself: both sleep far longer than any test here
+TWO_SLEEPS = ["bash", "-c", "sleep 300 & sleep 300; wait"]
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _wait_for_session(sid: int, n: int, timeout_s: float = 20) -> list[psutil.Process]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        procs = session_processes(sid)
+        if len(procs) >= n:
+            return procs
+        time.sleep(0.05)
+    raise AssertionError(f"session {sid} never had {n} processes: {session_processes(sid)}")
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_exception_during_the_run_kills_the_session_without_the_grace_wait(tmp_path):
+    """An exception inside the wait (here a SIGALRM handler's, as pytest-timeout raises) must not first wait the
+    leftover grace (60 s here) for processes that will never exit by themselves."""
+    seen: list[psutil.Process] = []
+
+    def interrupt(signum, frame):
+        sids = active_sessions()
+        assert len(sids) == 1
+        seen.extend(_wait_for_session(sids[0], 3))  # bash, its two sleeps
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(_Interrupted):
+            run_in_new_session(TWO_SLEEPS, env={}, timeout_s=120, log_path=tmp_path / "log", leftover_grace_s=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    took = time.monotonic() - started
+    assert len(seen) == 3
+    assert took < 20, f"run_in_new_session took {took:.1f} s to return after the exception (the grace wait ran)"
+    assert _alive(seen) == [], f"processes of the session survived: {_alive(seen)}"
+    assert active_sessions() == []
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from recipe.exgrpo.cpu.procs import install_termination_handlers, run_in_new_session
+
+    install_termination_handlers()
+    try:
+        run_in_new_session({cmd!r}, env={{}}, timeout_s=120, log_path=Path({log!r}), leftover_grace_s=60)
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {{e}}", flush=True)
+        sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_kill_every_session_of_the_caller(signum, tmp_path, repo_root):
+    code = CHILD.format(cmd=TWO_SLEEPS, log=str(tmp_path / "run.log"))
+    caller = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        end = time.monotonic() + 30
+        run: list[psutil.Process] = []
+        while time.monotonic() < end and caller.poll() is None:
+            kids = psutil.Process(caller.pid).children()
+            if kids:
+                run = _wait_for_session(kids[0].pid, 3)
+                break
+            time.sleep(0.05)
+        assert len(run) == 3, f"the caller never started its session: {caller.communicate(timeout=10)}"
+        caller.send_signal(signum)
+        out, err = caller.communicate(timeout=30)
+        assert caller.returncode == 3 and "interrupted" in out, (caller.returncode, out, err[-2000:])
+        assert f"{signal.Signals(signum).name}: killed 1 run session" in err
+        # gone before the caller exited: nothing waits for them afterwards
+        assert _alive(run) == [], f"processes of the caller's session survived it: {_alive(run)}"
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait(10)
+        for p in _alive(run if "run" in locals() else []):
+            p.kill()
+
+
+def _flaky_ray_command(state, failures: int, message: str) -> list[str]:
+    """A command that fails ``failures`` times with ``message`` (as ray.init does when its node does not start in
+    time), then succeeds; ``state`` counts its attempts."""
+    script = (
+        "import pathlib, sys\n"
+        f"state = pathlib.Path({str(state)!r})\n"
+        "n = int(state.read_text()) if state.exists() else 0\n"
+        "state.write_text(str(n + 1))\n"
+        f"if n < {failures}:\n"
+        f"    print({message!r}); sys.exit(1)\n"
+        "print('run done')\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+def test_a_run_whose_ray_node_did_not_start_in_time_is_started_again(tmp_path):
+    log = tmp_path / "train.log"
+    cmd = _flaky_ray_command(tmp_path / "n", failures=2, message=f"Exception: {RAY_STARTUP_TIMEOUT}. This could ...")
+    result = run_ray_command_in_new_session(cmd, env={}, timeout_s=60, log_path=log, retries=2, pause_s=(0, 0))
+    assert result.returncode == 0 and "run done" in log.read_text()
+    assert (tmp_path / "n").read_text() == "3"
+    for attempt in (1, 2):  # each failed attempt's log is kept
+        assert RAY_STARTUP_TIMEOUT in (tmp_path / f"train.log.ray-startup-{attempt}").read_text()
+    # more failures than retries: the last failure is returned
+    result = run_ray_command_in_new_session(
+        _flaky_ray_command(tmp_path / "m", failures=5, message=RAY_STARTUP_TIMEOUT),
+        env={},
+        timeout_s=60,
+        log_path=tmp_path / "other.log",
+        retries=1,
+        pause_s=(0, 0),
+    )
+    assert result.returncode == 1 and (tmp_path / "m").read_text() == "2"
+
+
+def test_any_other_failure_is_not_run_again(tmp_path):
+    cmd = _flaky_ray_command(tmp_path / "n", failures=1, message="ValueError: a bad config")
+    result = run_ray_command_in_new_session(cmd, env={}, timeout_s=60, log_path=tmp_path / "train.log")
+    assert result.returncode == 1 and (tmp_path / "n").read_text() == "1"
+    assert not list(tmp_path.glob("train.log.ray-startup-*"))
