@@ -47,6 +47,30 @@ def test_the_defaults_come_from_the_yaml_and_fit_a_7b_step():
     assert deadlines.describe().startswith("stage_deadlines: generate=3600s reward=1800s")
 
 
+def test_every_stage_of_a_step_runs_inside_the_clock():
+    """Each stage with a deadline is entered through ``stage_clock.stage(<name>, step)`` in the trainer, and no
+    entry names a stage without one (the e2e runs inject a hang at two of the stages, EXGRPO_ALL_STAGE_FAULTS=1 at
+    four: the wiring of the others is this)."""
+    import ast
+
+    from recipe.exgrpo.stage_deadlines import STAGES
+
+    tree = ast.parse((REPO / "recipe" / "exgrpo" / "exgrpo_ray_trainer.py").read_text())
+    entered = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "stage"
+            and isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "stage_clock"
+        ):
+            first = node.args[0]
+            assert isinstance(first, ast.Constant) and isinstance(first.value, str), ast.unparse(node)
+            entered.append(first.value)
+    assert set(entered) == set(STAGES), f"stages entered {sorted(set(entered))}, with deadlines {sorted(STAGES)}"
+
+
 def test_every_bad_key_is_named():
     problems = deadline_problems(
         {"generate_s": -1, "reward_s": "soon", "update": 60, "weight_sync_s": True, "enable": "yes", "validate_s": None}
@@ -160,7 +184,8 @@ def test_a_stage_blocked_in_c_is_stopped_from_outside_with_the_stacks_of_the_run
         # dumped by its signal handler while it sat in a C call
         text = Path(e.stacks_file).read_text()
         assert e.stacks_file == str(root / "stage_deadline_step2_save_checkpoint.txt")
-        assert "Thread exgrpo-trainer" in text and "in train" in text and "time.sleep(600)" in text
+        own = text[: text.find("=== process pid")]  # the header and this process's threads
+        assert "Thread exgrpo-trainer" in own and "in train" in own and "time.sleep(600)" in own, own[-6000:]
         assert f"=== process pid {worker.pid}" in text and "stuck_in_a_c_call" in text
         # every process of the run (the registered one and the child that imported nothing) was stopped
         assert worker.wait(timeout=30) is not None
@@ -225,18 +250,19 @@ def test_the_error_crosses_ray_and_the_driver_exits_with_it(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_the_node_tasks_dump_and_stop_the_runs_processes_on_a_node(tmp_path):
     """What the watchdog runs on each other node of a job (on CPU every run has one node, the watchdog's own, so
     these tasks run only here): one task pinned to the node dumps the stacks of the run's processes there, another
     stops them."""
     import ray
 
+    from recipe.exgrpo.cpu.procs import ray_init_in_process
     from recipe.exgrpo.stage_deadlines import _node_stacks, _node_terminate, _on_nodes
 
     token = f"test-{os.getpid()}-{time.time_ns()}"
     worker, child = _registered_process(tmp_path, token)
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray_init_in_process(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         node = ray.get_runtime_context().get_node_id()
         (result,), silent = _on_nodes(_node_stacks, [node], (token, [], 5.0), 240)

@@ -17,6 +17,7 @@ import pytest
 from recipe.exgrpo.cpu.procs import (
     RAY_STARTUP_TIMEOUT,
     active_sessions,
+    ray_init_in_process,
     run_in_new_session,
     run_ray_command_in_new_session,
     session_processes,
@@ -157,6 +158,37 @@ def test_a_run_whose_ray_node_did_not_start_in_time_is_started_again(tmp_path):
         pause_s=(0, 0),
     )
     assert result.returncode == 1 and (tmp_path / "m").read_text() == "2"
+
+
+def test_an_in_process_ray_init_that_timed_out_is_called_again(monkeypatch):
+    import ray
+
+    calls, shutdowns = [], []
+
+    def flaky_init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) <= 2:
+            raise Exception(f"{RAY_STARTUP_TIMEOUT}. This could happen because ...")
+        return "context"
+
+    monkeypatch.setattr(ray, "init", flaky_init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    assert ray_init_in_process(retries=2, pause_s=(0, 0), num_cpus=1) == "context"
+    assert calls == [{"num_cpus": 1}] * 3 and len(shutdowns) == 2
+    calls.clear()  # more failures than retries: the last one is raised
+    with pytest.raises(Exception, match=RAY_STARTUP_TIMEOUT):
+        ray_init_in_process(retries=1, pause_s=(0, 0))
+    assert len(calls) == 2
+
+    def bad_init(**kwargs):  # any other failure is raised at once
+        calls.append(kwargs)
+        raise ValueError("a bad address")
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", bad_init)
+    with pytest.raises(ValueError, match="a bad address"):
+        ray_init_in_process(pause_s=(0, 0))
+    assert len(calls) == 1
 
 
 def test_any_other_failure_is_not_run_again(tmp_path):

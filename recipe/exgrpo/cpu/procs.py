@@ -276,6 +276,26 @@ def run_ray_command_in_new_session(
     return result
 
 
+def ray_init_in_process(
+    retries: int = RAY_STARTUP_RETRIES, pause_s: tuple[float, float] = RAY_STARTUP_PAUSE_S, **kwargs
+):
+    """``ray.init(**kwargs)`` in this process, started again (up to ``retries`` times, after a pause drawn from
+    ``pause_s``) when it fails with Ray's node start-up timeout: the in-process counterpart of
+    :func:`run_ray_command_in_new_session`, for a test that needs a local cluster on a loaded machine."""
+    import ray
+
+    for attempt in range(1, retries + 2):
+        try:
+            return ray.init(**kwargs)
+        except Exception as e:  # Ray raises a bare Exception for this
+            if RAY_STARTUP_TIMEOUT not in str(e) or attempt > retries:
+                raise
+            ray.shutdown()
+            pause = random.uniform(*pause_s)
+            sys.stderr.write(f"[exgrpo] Ray's node did not start within 30 s; ray.init again in {pause:.0f} s\n")
+            time.sleep(pause)
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
