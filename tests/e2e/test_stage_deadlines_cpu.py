@@ -3,11 +3,12 @@
 save that writes and never completes) stops at that stage's deadline with ``StageDeadlineError`` naming the stage and
 the step, writes the Python stacks of the driver and every Ray worker into the run directory, leaves no incomplete
 checkpoint (step 1's stays, and a re-run of the same command resumes from it), and leaves no process of the run
-alive. Each run: about 3-4 minutes on 2 cores (Ray and the workers start, step 1 and its checkpoint, the deadline)."""
+alive. Each run: about 4-5 minutes on 2 cores (Ray and the workers start, step 1 and its checkpoint, the deadline)."""
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -18,9 +19,10 @@ from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics
 pytestmark = [pytest.mark.slow]
 
 FAULTS_MODULE = "tests.e2e.stage_faults"
-#: the deadline of the faulted stage, in seconds: far above what the stage takes at step 1 of this tiny run on a
-#: busy 2-core machine (seconds), far below the run's wall limit
-DEADLINE_S = 60
+#: the deadline of the faulted stage, in seconds: far below the run's wall limit, and above what the stage takes at
+#: step 1 of this tiny run on a 2-core machine shared by the test command's four sessions (seconds when quiet; a
+#: deadline of 60 s was once passed by step 1's generation there, before the fault was armed)
+DEADLINE_S = 150
 WALL_LIMIT_S = 720
 #: fault -> (the stage whose deadline fires, a frame the stacks file must show: where the run was waiting)
 FAULTS = {
@@ -29,6 +31,12 @@ FAULTS = {
     "update_block": ("update", "in block_for_ever"),
     "save_block": ("save_checkpoint", "in block_for_ever"),
 }
+#: the faults the test command runs: a wait in another process's event loop (the rollout's generation) and a block
+#: in the actor worker (the save, whose partial checkpoint is removed and resumed from). The other two are the same
+#: two kinds of wait at other stages (the reward worker's event loop, the actor worker's update), a run of minutes
+#: each; EXGRPO_ALL_STAGE_FAULTS=1 runs them too. That every stage of a step is inside the clock is checked
+#: without verl (tests/integration/test_stage_deadlines.py).
+RUN_FAULTS = list(FAULTS) if os.environ.get("EXGRPO_ALL_STAGE_FAULTS") == "1" else ["generate_hang", "save_block"]
 
 
 def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: bool = False):
@@ -46,11 +54,11 @@ def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: boo
         extra_overrides=extra,
     )
     result = launch(run, echo=False)
-    return result, result.log_tail(40000)
+    return result, result.log_path.read_text(errors="replace")
 
 
 @pytest.mark.timeout(2 * WALL_LIMIT_S + 300)
-@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("fault", RUN_FAULTS)
 def test_a_stage_that_hangs_stops_the_run_at_its_deadline(fault, tmp_path, monkeypatch, cpu_assets, ray_temp_dir):
     stage, frame = FAULTS[fault]
     out = tmp_path / "run"
@@ -63,9 +71,10 @@ def test_a_stage_that_hangs_stops_the_run_at_its_deadline(fault, tmp_path, monke
 
     assert not result.timed_out, f"the run hit its wall limit instead of the stage deadline\n{log[-6000:]}"
     assert result.returncode == 1, log[-6000:]
-    assert "[stage_faults]" in log, "the fault was not injected"
+    passed = [line for line in log.splitlines() if "StageDeadlineError" in line]
+    assert "[stage_faults]" in log, f"the fault was not injected; deadline messages: {passed}\n{log[-3000:]}"
     named = f"StageDeadlineError: stage '{stage}' of step 2 ran past its deadline of {DEADLINE_S} s"
-    assert named in log, log[-6000:]
+    assert named in log, f"deadline messages: {passed}\n{log[-6000:]}"
     assert "Traceback" not in log[log.index(named) :]  # a message, not a traceback
     # the stacks: the trainer's thread waiting in the stage, the driver and the Ray workers
     stacks_file = checkpoints / f"stage_deadline_step2_{stage}.txt"

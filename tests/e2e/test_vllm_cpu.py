@@ -6,10 +6,10 @@ server replica, the bucketed shared-memory weight transfer after every update an
 - ExGRPO replays (mixed from step 1), replayed rows reach the loss, one actor forward call per step, and the
   rollout's log-probs match the actor's after every update (the weight sync works), and a resume from a checkpoint
   draws what the uninterrupted run draws;
-- on-policy GRPO (``exgrpo.enable=false``) through the same path;
-- a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging, and
-  skipped weight syncs fail the agreement check (the negative control; its figures are in docs/cpu_backend.md;
-  tests/e2e/vllm_faults.py injects both faults).
+- on-policy GRPO (``exgrpo.enable=false``) through the same path, in the run whose skipped weight syncs fail the
+  agreement check (the negative control; its figures are in docs/cpu_backend.md);
+- a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging
+  (tests/e2e/vllm_faults.py injects both faults).
 
 Each run is ~1.5 minutes on 2 cores (vLLM's start-up is ~30 s of it).
 """
@@ -120,19 +120,6 @@ def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
 
 
 @pytest.mark.timeout(1800)
-def test_onpolicy_grpo_on_vllm(tmp_path, ray_temp_dir, vllm_python, vllm_assets):
-    _, metrics, result = _run(tmp_path, "grpo", vllm_python, vllm_assets, ray_temp_dir, exgrpo_enable=False, steps=3)
-    assert_ran("grpo", result)
-    steps = _steps(metrics)
-    assert [int(m["step"]) for m in steps] == [1, 2, 3]
-    assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1, 1, 1]
-    assert all(
-        m.get("exgrpo/replayed_questions", 0) == 0 and m.get("actor/exgrpo/replayed_tokens", 0) == 0 for m in steps
-    )
-    _check_agreement(steps)
-
-
-@pytest.mark.timeout(1800)
 def test_a_weight_sync_that_fails_in_the_engine_stops_the_run_with_a_named_error(
     tmp_path, ray_temp_dir, vllm_python, vllm_assets, monkeypatch
 ):
@@ -151,17 +138,26 @@ def test_a_weight_sync_that_fails_in_the_engine_stops_the_run_with_a_named_error
 
 
 @pytest.mark.timeout(1800)
-def test_negative_control_skipped_weight_syncs_fail_the_agreement_check(
+def test_onpolicy_grpo_on_vllm_and_the_negative_control_of_the_weight_sync(
     tmp_path, ray_temp_dir, vllm_python, vllm_assets, monkeypatch
 ):
-    """The agreement check above can fail: with every weight sync after the first skipped, the engine samples the
-    initial policy while the actor trains, and the check must reject the run from step 2 on."""
+    """On-policy GRPO (``exgrpo.enable=false``) through the same path: three steps, one actor pass each, nothing
+    replayed. The run is also the agreement check's negative control (one run for both: a vLLM run is minutes of
+    the test command): with every weight sync after the first skipped, the engine samples the initial policy while
+    the actor trains, and the check must reject the run from step 2 on. (The sync itself does not depend on
+    ``exgrpo.enable``: the ExGRPO run above checks it after every update.)"""
     monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", FAULTS_MODULE)
     monkeypatch.setenv("EXGRPO_TEST_FAULT", "skip_weight_sync")
     _, metrics, result = _run(tmp_path, "stale", vllm_python, vllm_assets, ray_temp_dir, exgrpo_enable=False, steps=3)
     assert_ran("stale", result)
     assert "[vllm_faults] weight sync after step 1 skipped" in result.log_path.read_text(errors="replace")
     steps = _steps(metrics)
+    assert [int(m["step"]) for m in steps] == [1, 2, 3]
+    assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1, 1, 1]
+    assert all(
+        m.get("exgrpo/replayed_questions", 0) == 0 and m.get("actor/exgrpo/replayed_tokens", 0) == 0 for m in steps
+    )
+    assert all(m["actor/grad_norm"] > 0 for m in steps)
     _check_agreement(steps[:1])  # step 1 samples the weights of the one sync that ran
     with pytest.raises(AssertionError, match="stale weights"):
         _check_agreement(steps[1:])
