@@ -22,6 +22,11 @@ cd "$ROOT"
 "$VENV/bin/ruff" format --check .
 mkdir -p "$LOGS"
 PY="$VENV/bin/python"
+# OpenMP's idle threads sleep instead of spinning, in every session and every run they start: the sessions share
+# the two cores all the time, and libgomp's default spin-wait then holds a core at each parallel region's end. Same
+# threads, same split of the work, so the same numbers; a tiny model's small ops, three processes at once on 2
+# cores, ran 3-10x faster (benchmarks/omp_wait_policy.py). A caller's own setting is kept.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 
 background=()
 # shellcheck disable=SC2317  # called by the trap below
@@ -48,15 +53,13 @@ if [ "${EXGRPO_VLLM:-1}" != 0 ]; then
 fi
 
 # both tiny models (hf and vllm), built at once into the asset cache before the tests that need them (logs
-# assets-hf.log, assets-vllm.log). OpenMP's idle threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE: the
-# same threads and the same work split, so the same bytes): with every core shared, the vLLM model's warm-up ran at
-# 4.4 s per step (0.46 for the hf one before the e2e runs began); a thread that spins while it waits takes a core
-# that the other sessions need (same bytes checked: a seeded training loop hashes alike with and without it)
+# assets-hf.log, assets-vllm.log), with the sleeping OpenMP threads above: with every core shared and spinning
+# threads, the vLLM model's warm-up once ran at 4.4 s per step (0.46 for the hf one before the e2e runs began; same
+# bytes checked: a seeded training loop hashes alike with and without the setting)
 ASSETS_STATUS="$LOGS/assets.status"  # the build's exit code, once both ended
 rm -f "$ASSETS_STATUS"
 (
   rc=0
-  export OMP_WAIT_POLICY=PASSIVE
   "$PY" -m recipe.exgrpo.cpu.assets --rollout hf >"$LOGS/assets-hf.log" 2>&1 &
   hf_build=$!
   "$PY" -m recipe.exgrpo.cpu.assets --rollout vllm >"$LOGS/assets-vllm.log" 2>&1 &
@@ -72,8 +75,8 @@ background+=("$assets_build")
 # the second e2e session: the runs on the vLLM stack, and the multi-turn runs (hf and vllm rollouts), which the
 # foreground session, the longest of the four, has no room for
 SIDE_E2E_TESTS=(tests/e2e/test_vllm_cpu.py tests/e2e/test_verl_compat_vllm.py tests/e2e/test_multi_turn_cpu.py)
-# real verl runs on the hf rollout that the unit and integration session runs after its own tests: it ended at 49
-# minutes, the hf e2e session at 84 (19 of them these four runs), the vLLM one at 69 (docs/testing.md)
+# real verl runs on the hf rollout that the unit and integration session runs after its own tests (docs/testing.md
+# has each session's minutes)
 TAIL_E2E_TESTS=(tests/e2e/test_stage_deadlines_cpu.py)
 side=()  # name:pid of each background pytest session, printed after the main one in this order
 main_args=()
