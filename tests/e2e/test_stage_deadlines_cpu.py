@@ -8,7 +8,6 @@ alive. Each run: about 4-5 minutes on 2 cores (Ray and the workers start, step 1
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -31,12 +30,6 @@ FAULTS = {
     "update_block": ("update", "in block_for_ever"),
     "save_block": ("save_checkpoint", "in block_for_ever"),
 }
-#: the faults the test command runs: a wait in another process's event loop (the rollout's generation) and a block
-#: in the actor worker (the save, whose partial checkpoint is removed and resumed from). The other two are the same
-#: two kinds of wait at other stages (the reward worker's event loop, the actor worker's update), a run of minutes
-#: each; EXGRPO_ALL_STAGE_FAULTS=1 runs them too. That every stage of a step is inside the clock is checked
-#: without verl (tests/integration/test_stage_deadlines.py).
-RUN_FAULTS = list(FAULTS) if os.environ.get("EXGRPO_ALL_STAGE_FAULTS") == "1" else ["generate_hang", "save_block"]
 
 
 def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: bool = False):
@@ -58,7 +51,7 @@ def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: boo
 
 
 @pytest.mark.timeout(2 * WALL_LIMIT_S + 300)
-@pytest.mark.parametrize("fault", RUN_FAULTS)
+@pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_stage_that_hangs_stops_the_run_at_its_deadline(fault, tmp_path, monkeypatch, cpu_assets, ray_temp_dir):
     stage, frame = FAULTS[fault]
     out = tmp_path / "run"

@@ -49,8 +49,8 @@ def test_the_defaults_come_from_the_yaml_and_fit_a_7b_step():
 
 def test_every_stage_of_a_step_runs_inside_the_clock():
     """Each stage with a deadline is entered through ``stage_clock.stage(<name>, step)`` in the trainer, and no
-    entry names a stage without one (the e2e runs inject a hang at two of the stages, EXGRPO_ALL_STAGE_FAULTS=1 at
-    four: the wiring of the others is this)."""
+    entry names a stage without one (the e2e runs inject a hang at four of the seven stages: the wiring of the
+    other three is checked here only)."""
     import ast
 
     from recipe.exgrpo.stage_deadlines import STAGES

@@ -263,7 +263,7 @@ def test_the_state_digest_covers_the_mask():
 
 
 #: the last commit before loss masks existed: its pools (format 2) must load here, and it must refuse ours (3)
-BEFORE = "2a7819b"
+BEFORE = "eb47d55"
 
 _OLD_SIDE = textwrap.dedent(
     """
