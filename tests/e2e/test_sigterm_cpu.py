@@ -84,7 +84,13 @@ def _terminate_once_ray_is_up(repo_root: Path, tmp_path: Path, ray_dir: str, log
     # the pytest in its own session too, so that nothing of it outlives this test
     with log.open("w") as out, new_session(cmd, cwd=repo_root, env=env, stdout=out, stderr=subprocess.STDOUT) as inner:
         deadline = time.monotonic() + RAY_UP_WITHIN_S
-        while not (seen := _ray_up(ray_dir)) and inner.poll() is None and time.monotonic() < deadline:
+        # Ray is up when its GCS and raylet run and the raylet has written its log (the processes exist a moment
+        # before the log: CI once found them, with the raylet still loading, and no log yet)
+        while (
+            not ((seen := _ray_up(ray_dir)) and ray_started(ray_dir))
+            and inner.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
         assert inner.poll() is None, f"the pytest ended before it was terminated:\n{log.read_text()[-4000:]}"
         assert seen and ray_started(ray_dir), (
