@@ -13,10 +13,18 @@ Nothing is downloaded. ``build_assets()`` writes, into one directory:
   (docs/algorithm.md §3).
 - ``data/train.parquet``, ``data/val.parquet``: the toy arithmetic splits (data_preprocess/toy_arithmetic.py).
   The warm-up trains on *other* questions of the same kind, so RL and validation questions are unseen.
-- ``assets.json``: the settings, their hash, the measured pass rate and the warm-up time.
+- ``assets.json``: the settings, their hash, the build environment, the sha256 of every other file (the manifest),
+  the measured pass rate and the warm-up time.
 
-``ensure_assets()`` caches the result under ``<repo>/.cache/exgrpo-assets/<hash of the settings>/`` (built once,
-atomically, under a file lock), so a test session or the demo builds it once.
+The build is deterministic: it runs on one intra-op thread (whatever the caller's thread count) with seeded
+generators, so the same digest gives the same bytes. The digest covers the settings *and* what the bytes depend on
+beyond them: the versions of torch, transformers, tokenizers, safetensors, pyarrow and numpy, and the CPU kernels'
+instruction set torch dispatches to (float sums are computed in another order on AVX2 than on AVX-512).
+
+``ensure_assets()`` caches the result under ``<repo>/.cache/exgrpo-assets/<digest>/`` (built once, atomically,
+under a file lock), so a test session or the demo builds it once. Each use checks the files against the manifest:
+a missing or changed file moves the directory aside (``<digest>.broken-<time>``, with a message naming the file)
+and rebuilds it, so a partial asset is never used.
 
 CLI: ``python -m recipe.exgrpo.cpu.assets --out DIR`` (copies the cached build there) or without ``--out`` to
 print where the cache is.
@@ -33,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -52,7 +61,12 @@ from data_preprocess.toy_arithmetic import (
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
 
 # Bump when the builder's behaviour changes in a way the settings below do not capture.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
+# the intra-op threads of the build: one, so that no reduction depends on the machine's core count
+BUILD_THREADS = 1
+MANIFEST_KEY = "files"
+# the libraries whose versions decide the bytes (kernels, initialisation, serialisation)
+BUILD_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "pyarrow", "numpy")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CACHE_ROOT = REPO_ROOT / ".cache" / "exgrpo-assets"
 CACHE_ENV = "EXGRPO_ASSETS_CACHE"
@@ -119,8 +133,27 @@ class AssetSpec:
         return {"builder_version": BUILDER_VERSION, **asdict(self)}
 
     def digest(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=list).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        """The cache key: the settings and the build environment (``build_environment()``)."""
+        blob = json.dumps({**self.to_dict(), "environment": build_environment()}, sort_keys=True, default=list)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_environment() -> dict[str, Any]:
+    """What the built bytes depend on besides the settings: library versions, the CPU kernels' instruction set, the
+    build's thread count."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in BUILD_LIBRARIES:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    return {
+        "libraries": versions,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": BUILD_THREADS,
+    }
 
 
 def asset_spec(rollout: str = "hf") -> AssetSpec:
@@ -383,9 +416,68 @@ def spread_report(rows: list[dict], counts: list[int], samples_per_question: int
 
 
 # ---------------------------------------------------------------------------------------------- build + cache
+class AssetManifestError(RuntimeError):
+    """An asset directory whose files are not the ones its manifest records."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_manifest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` but ``assets.json``, by path relative to ``root`` (sorted)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() != "assets.json")
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in files}
+
+
+def manifest_problems(root: str | Path) -> list[str]:
+    """What is wrong with the asset directory ``root`` against its manifest (empty: every recorded file is there
+    with its recorded hash). Files the manifest does not name are allowed."""
+    root = Path(root)
+    report_path = root / "assets.json"
+    if not report_path.is_file():
+        return [f"{report_path} is missing"]
+    try:
+        manifest = json.loads(report_path.read_text())[MANIFEST_KEY]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [f"{report_path} has no readable manifest ({type(exc).__name__}: {exc})"]
+    problems = []
+    for rel, expected in manifest.items():
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif file_sha256(path) != expected:
+            problems.append(f"{path} does not have the sha256 the manifest records ({expected[:12]}...)")
+    if not any(rel.startswith("data/") for rel in manifest) or not any(rel.startswith("model/") for rel in manifest):
+        problems.append(f"{report_path}'s manifest names no data/ or no model/ file")
+    return problems
+
+
+class _single_threaded:
+    """Run the build on ``BUILD_THREADS`` intra-op threads, then give the caller its thread count back."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(BUILD_THREADS)
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
+        return False
+
+
 def build_assets(out_dir: str | Path, spec: AssetSpec | None = None) -> Assets:
-    """Build everything into ``out_dir`` (overwriting), measure the warm-up, and return the paths."""
-    spec = spec or AssetSpec()
+    """Build everything into ``out_dir`` (overwriting) on one thread, measure the warm-up, write the manifest, and
+    return the paths."""
+    with _single_threaded():
+        return _build_assets(out_dir, spec or AssetSpec())
+
+
+def _build_assets(out_dir: str | Path, spec: AssetSpec) -> Assets:
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
@@ -423,8 +515,10 @@ def build_assets(out_dir: str | Path, spec: AssetSpec | None = None) -> Assets:
         "warmup_seconds": round(warmup_seconds, 2),
         "eval_seconds": round(time.perf_counter() - t1, 2),
         "torch_threads": torch.get_num_threads(),
+        "environment": build_environment(),
         **losses,
         **evaluation,
+        MANIFEST_KEY: file_manifest(root),
     }
     (root / "assets.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
     return Assets(root)
@@ -440,12 +534,22 @@ def ensure_assets(spec: AssetSpec | None = None, root: str | Path | None = None)
     base = Path(root) if root is not None else cache_root()
     base.mkdir(parents=True, exist_ok=True)
     final = base / spec.digest()
-    if (final / "assets.json").exists():
+    if final.exists() and not manifest_problems(final):
         return Assets(final)
     with open(base / f".{spec.digest()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / "assets.json").exists():
-            return Assets(final)
+        if final.exists():
+            problems = manifest_problems(final)
+            if not problems:
+                return Assets(final)
+            aside = base / f"{final.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            os.replace(final, aside)
+            print(
+                f"[exgrpo assets] {final} does not match its manifest ({'; '.join(problems[:3])}"
+                f"{'; ...' if len(problems) > 3 else ''}): moved aside to {aside}, rebuilding",
+                file=sys.stderr,
+                flush=True,
+            )
         staging = Path(tempfile.mkdtemp(prefix=f".{spec.digest()}-", dir=base))
         try:
             build_assets(staging, spec)
