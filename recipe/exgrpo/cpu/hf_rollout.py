@@ -22,6 +22,13 @@ sequence (legacy trainer and checkpoint manager): ``init_workers`` ends with ``s
 them, then resumes the KV cache; generation follows, then ``sleep_replicas()`` before the actor runs. As with
 vLLM, ``sleep`` does nothing when ``actor_rollout_ref.rollout.free_cache_engine`` is false.
 
+Sampling is reproducible: each request draws its tokens from its own generator, seeded from the rollout's ``seed``,
+the replica, the training step, the prompt's tokens, the sampling settings and how many requests with the same
+prompt and settings came before it in this step. A request's sample therefore does not depend on which other
+requests happen to share its ``generate()`` call (the batching follows arrival times) nor on the order in which
+different prompts arrive; the tokens are chosen by the Gumbel-max trick (the argmax of the temperature-scaled,
+top-k/top-p-filtered logits plus Gumbel noise from that generator, an exact draw from the same distribution).
+
 Observation hook: when ``EXGRPO_CPU_ROLLOUT_DUMP`` names a directory, the server appends one JSON line per
 weight load and per generation batch to ``<dir>/rollout_events.jsonl`` (weights version, global step,
 parameter checksum). The e2e test uses it to show the rollout's weights change after every update.
@@ -30,6 +37,7 @@ parameter checksum). The e2e test uses it to show the rollout's weights change a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -113,6 +121,32 @@ class _Request:
     prompt_ids: list[int]
     key: SamplingKey
     future: asyncio.Future = field(repr=False)
+    seed: Optional[int] = None
+
+
+def request_seed(base_seed: int, replica_rank: int, step: Any, prompt_ids: list[int], key: SamplingKey, n: int) -> int:
+    """The seed of the ``n``-th request (0-based) with these prompt tokens and sampling settings in ``step``."""
+    text = json.dumps([int(base_seed), int(replica_rank), step, prompt_ids, list(key.__dict__.values()), int(n)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+class GumbelSampler:
+    """Logits processor that turns greedy decoding into sampling with one ``torch.Generator`` per row.
+
+    Applied after the temperature/top-k/top-p warpers: ``argmax(scores + Gumbel noise)`` is a draw from
+    ``softmax(scores)``. Each row's noise comes from its own generator, so a row's tokens depend on its seed and
+    its own logits only, never on the rows it is batched with.
+    """
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        uniform = torch.stack(
+            [torch.rand(scores.shape[-1], generator=g, dtype=torch.float64) for g in self.generators]
+        ).clamp_(min=1e-300)
+        gumbel = -torch.log(-torch.log(uniform))
+        return scores.double() + gumbel
 
 
 def _as_int_list(token_ids: Any) -> list[int]:
@@ -178,6 +212,9 @@ class HFRolloutServer:
         self._wakeup: Optional[asyncio.Event] = None
         self._batcher: Optional[asyncio.Task] = None
         self._model_lock = threading.Lock()
+        # requests per (prompt, sampling settings) in the current step: the occurrence index in each request's seed
+        self._occurrences: dict[tuple, int] = {}
+        self._occurrence_step: Any = None
         threads = os.environ.get(THREADS_ENV)
         if threads:
             torch.set_num_threads(max(1, int(threads)))
@@ -286,7 +323,7 @@ class HFRolloutServer:
         prompt = _as_int_list(prompt_ids)
         key = self.sampling_key(len(prompt), sampling_params)
         loop = asyncio.get_running_loop()
-        request = _Request(prompt_ids=prompt, key=key, future=loop.create_future())
+        request = _Request(prompt_ids=prompt, key=key, future=loop.create_future(), seed=self.next_seed(prompt, key))
         self._pending.append(request)
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
@@ -294,6 +331,20 @@ class HFRolloutServer:
             self._batcher = asyncio.create_task(self._batch_loop())
         self._wakeup.set()
         return await request.future
+
+    def next_seed(self, prompt: list[int], key: SamplingKey) -> int:
+        """The sampling seed of the next request for ``prompt`` under ``key`` (see the module's docstring).
+
+        The step is the trainer's global step the last weight load named (restored on resume), else the count of
+        weight loads; the occurrence counters restart with each step.
+        """
+        step = self.global_steps if self.global_steps is not None else f"w{self.weights_version}"
+        if step != self._occurrence_step:
+            self._occurrences, self._occurrence_step = {}, step
+        slot = (tuple(prompt), key)
+        n = self._occurrences.get(slot, 0)
+        self._occurrences[slot] = n + 1
+        return request_seed(self.config.seed, self.replica_rank, step, prompt, key, n)
 
     async def _batch_loop(self) -> None:
         while True:
@@ -315,7 +366,9 @@ class HFRolloutServer:
                 for start in range(0, len(reqs), cap):
                     chunk = reqs[start : start + cap]
                     try:
-                        outputs = await asyncio.to_thread(self.generate_batch, [r.prompt_ids for r in chunk], key)
+                        outputs = await asyncio.to_thread(
+                            self.generate_batch, [r.prompt_ids for r in chunk], key, [r.seed for r in chunk]
+                        )
                     except Exception as exc:  # hand the error to every waiting request instead of hanging them
                         for r in chunk:
                             if not r.future.done():
@@ -326,9 +379,13 @@ class HFRolloutServer:
                             r.future.set_result(out)
 
     @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], key: SamplingKey) -> list[TokenOutput]:
+    def generate_batch(
+        self, prompts: list[list[int]], key: SamplingKey, seeds: Optional[list[Optional[int]]] = None
+    ) -> list[TokenOutput]:
         """Sample one response per prompt with ``model.generate`` (left padding) and score it.
 
+        With ``seeds`` (one per prompt), each row samples from its own generator (:class:`GumbelSampler`); without,
+        from torch's global generator (``model.generate``'s own sampling).
         Log-probs are ``log_softmax(logits / T)`` of the sampled ids (T = 1 for greedy), computed from the raw
         logits ``generate`` returns, i.e. before top-p/top-k truncation, the same quantity the actor recomputes.
         """
@@ -344,13 +401,27 @@ class HFRolloutServer:
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
         do_sample = key.temperature > 0
+        seeded = do_sample and seeds is not None and all(seed is not None for seed in seeds)
+        processors = None
+        if seeded:
+            from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+            processors = LogitsProcessorList()
+            if key.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(key.temperature))
+            if key.top_k > 0:
+                processors.append(TopKLogitsWarper(key.top_k))
+            if key.top_p < 1.0:
+                processors.append(TopPLogitsWarper(key.top_p))
+            processors.append(GumbelSampler([int(seed) for seed in seeds]))
         gen_cfg = GenerationConfig(
             max_new_tokens=key.max_tokens,
-            do_sample=do_sample,
-            temperature=key.temperature if do_sample else 1.0,
-            top_p=key.top_p if do_sample else 1.0,
+            # seeded rows sample through GumbelSampler on top of greedy decoding
+            do_sample=do_sample and not seeded,
+            temperature=key.temperature if do_sample and not seeded else 1.0,
+            top_p=key.top_p if do_sample and not seeded else 1.0,
             # top_k=0 disables truncation; for greedy leave it unset (transformers warns on any value)
-            top_k=key.top_k if do_sample else None,
+            top_k=key.top_k if do_sample and not seeded else None,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             bos_token_id=None,
@@ -358,7 +429,12 @@ class HFRolloutServer:
             output_logits=True,
         )
         with self._model_lock:
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=gen_cfg,
+                logits_processor=processors,
+            )
         new_tokens = out.sequences[:, width:]
         results: list[TokenOutput] = []
         log_probs_all = None
