@@ -5,6 +5,7 @@ processes of a run after it was killed."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -60,6 +61,34 @@ def assert_resume_repeats_the_next_draw(
         assert next_u["replay_question_ids"], f"step {saved_step + 1} replayed nothing: the check would be empty"
     assert next_r["fresh_rows"] == next_u["fresh_rows"]
     assert next_r["selected_entry_ids"] == next_u["selected_entry_ids"]
+
+
+# metrics that measure the machine (time, memory) or float32 rounding itself, not the run's maths
+NOT_REPRODUCIBLE = ("timing_s/", "timing_per_token_ms/", "perf/", "exgrpo/rollout_actor_log_prob_diff")
+
+
+def assert_same_metrics(rows_a: list[dict], rows_b: list[dict], steps: list[int], rel_tol: float = 1e-4) -> None:
+    """Two runs logged the same metrics at ``steps``: equal keys, every count, rate and accuracy equal, every
+    float within ``rel_tol`` (the actor's float32 sums are not bit-identical from one process to the next: about
+    1e-7 relative), except the figures of ``NOT_REPRODUCIBLE``."""
+    by_step_a, by_step_b = ({int(r["step"]): r for r in rows} for rows in (rows_a, rows_b))
+    for step in steps:
+        a, b = by_step_a.get(step), by_step_b.get(step)
+        assert a is not None and b is not None, f"step {step} is missing from one run's metrics"
+        keys = {k for k in set(a) | set(b) if not any(part in k for part in NOT_REPRODUCIBLE) and "time" not in k}
+        assert {k for k in keys if k not in a or k not in b} == set(), f"step {step}: keys logged by one run only"
+        differ = []
+        for key in sorted(keys):
+            x, y = a[key], b[key]
+            if isinstance(x, float) or isinstance(y, float):
+                if not math.isclose(x, y, rel_tol=rel_tol, abs_tol=1e-6):
+                    differ.append((key, x, y))
+            elif x != y:
+                differ.append((key, x, y))
+        assert not differ, f"step {step}: {len(differ)} metrics differ between the runs: {differ[:10]}"
+        exact = [k for k in keys if k.startswith(("val-core/", "exgrpo/pool/", "exgrpo/batch_pass_rate"))]
+        for key in exact:  # what the samples decide is the same, not only close
+            assert a[key] == b[key], (step, key, a[key], b[key])
 
 
 def cpu_run_spec(assets, output_dir: Path, **kw) -> CpuRunSpec:

@@ -1,7 +1,7 @@
 """ExGRPO through the real verl trainer on CPU (slow): replay reaches the loss, the pool grows, replay groups
 have K members, a step with replay makes as many actor forward calls as one without (the candidates ride in the
 old-log-prob pass), the pool inspector reads the run's checkpoints, and a resumed run restores exactly what was
-saved and draws what an uninterrupted run draws."""
+saved and draws what an uninterrupted run draws, and two runs with one seed log the same metrics."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, read_metrics
-from tests.e2e.helpers import assert_resume_repeats_the_next_draw, launch_ok, read_trace
+from tests.e2e.helpers import assert_resume_repeats_the_next_draw, assert_same_metrics, launch_ok, read_trace
 
 pytestmark = [pytest.mark.slow]
 
@@ -113,3 +113,14 @@ def test_resume_restores_state_and_repeats_the_next_draw(uninterrupted, tmp_path
     # draws the same replayed questions and fresh prompts, and selects the same trajectories
     assert_resume_repeats_the_next_draw(read_trace(out_u), read_trace(out_r), saved_step=2)
     assert [m["step"] for m in metrics_r if "exgrpo/batch_pass_rate" in m] == [3]
+    # and it samples what the uninterrupted run sampled (the rollout's seeds follow the step), so it logs the same
+    assert_same_metrics(uninterrupted[1], metrics_r, steps=[3])
+
+
+@pytest.mark.timeout(900)
+def test_two_runs_with_one_seed_log_the_same_metrics(uninterrupted, tmp_path_factory, new_ray_temp_dir):
+    """The hf rollout seeds every request from the step, the prompt and its repeat count (not from the batch it
+    lands in), the data order and the replay draw are seeded: the same run twice gives the same numbers."""
+    _, metrics_u = uninterrupted
+    _, metrics_again = _run(tmp_path_factory.mktemp("exgrpo_again"), "again", new_ray_temp_dir(), save_freq=2)
+    assert_same_metrics(metrics_u, metrics_again, steps=list(range(1, STEPS + 1)))

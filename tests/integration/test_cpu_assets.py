@@ -21,13 +21,16 @@ import torch
 
 from data_preprocess.toy_arithmetic import Difficulty, QuestionFamily, ToyArithmeticConfig
 from recipe.exgrpo import verl_compat
+from recipe.exgrpo.cpu import assets as assets_module
 from recipe.exgrpo.cpu.assets import (
     Assets,
     AssetSpec,
     WarmupSpec,
     build_tokenizer,
     ensure_assets,
+    file_manifest,
     last_boxed,
+    manifest_problems,
 )
 from recipe.exgrpo.cpu.run_config import (
     PLUGIN_MODULE,
@@ -128,6 +131,108 @@ def test_ensure_assets_builds_once_and_caches(tmp_path):
     assert other.digest() != spec.digest()
 
 
+def _tiny_spec() -> AssetSpec:
+    tiny = ToyArithmeticConfig(
+        train_per_level=4, val_per_level=2, levels=(Difficulty("tiny", (QuestionFamily("+", 10, 99, 10, 99),)),)
+    )
+    return AssetSpec(
+        warmup=WarmupSpec(steps=6, batch_size=16, warmup_steps=2, questions_per_level=40, eval_samples_per_question=2),
+        data=tiny,
+    )
+
+
+def test_the_manifest_records_every_file_and_the_digest_the_build_environment(tmp_path):
+    spec = _tiny_spec()
+    built = ensure_assets(spec, root=tmp_path)
+    report = built.report
+    assert report["files"] == file_manifest(built.root) and "assets.json" not in report["files"]
+    assert {"data/train.parquet", "data/val.parquet", "model/model.safetensors", "model_init/config.json"} <= set(
+        report["files"]
+    )
+    assert manifest_problems(built.root) == []
+    env = report["environment"]
+    assert env["threads"] == 1
+    assert torch.__version__.split("+")[0] == env["libraries"]["torch"].split("+")[0]
+    assert all(env["libraries"][name] for name in ("transformers", "safetensors", "pyarrow")), env
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    # another library version (or instruction set) is another digest, so another cache directory
+    real = assets_module.build_environment()
+    other = {**real, "libraries": {**real["libraries"], "transformers": "0.0.1"}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(assets_module, "build_environment", lambda: other)
+        assert spec.digest() != built.root.name
+    assert spec.digest() == built.root.name
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["delete the data directory", "change a byte of the weights", "delete the manifest", "truncate the report"],
+)
+def test_a_damaged_asset_directory_is_moved_aside_and_rebuilt(tmp_path, capfd, damage):
+    spec = _tiny_spec()
+    built = ensure_assets(spec, root=tmp_path)
+    hashes = built.report["files"]
+    if damage == "delete the data directory":
+        import shutil
+
+        shutil.rmtree(built.root / "data")
+        named = "train.parquet"
+    elif damage == "change a byte of the weights":
+        weights = built.model_path / "model.safetensors"
+        blob = bytearray(weights.read_bytes())
+        blob[-1] ^= 0x01
+        weights.write_bytes(bytes(blob))
+        named = "model.safetensors"
+    elif damage == "delete the manifest":
+        report = json.loads((built.root / "assets.json").read_text())
+        del report["files"]
+        (built.root / "assets.json").write_text(json.dumps(report))
+        named = "no readable manifest"
+    else:
+        (built.root / "assets.json").write_text('{"digest": ')
+        named = "no readable manifest"
+    assert manifest_problems(built.root), "the damage went unseen"
+    again = ensure_assets(spec, root=tmp_path)
+    err = capfd.readouterr().err
+    assert "does not match its manifest" in err and named in err and "moved aside" in err, err
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(f"{spec.digest()}.broken-")]
+    assert len(aside) == 1, list(tmp_path.iterdir())
+    # the rebuilt directory is whole again, with the same bytes as the first build (the build is deterministic)
+    assert again.root == built.root and manifest_problems(again.root) == []
+    assert again.report["files"] == hashes
+
+
+BUILD_IN_A_PROCESS = """
+import json, sys
+import torch
+torch.set_num_threads(int(sys.argv[2]))
+from tests.integration.test_cpu_assets import _tiny_spec
+from recipe.exgrpo.cpu.assets import build_assets
+report = build_assets(sys.argv[1], _tiny_spec()).report
+print(json.dumps({"files": report["files"], "digest": report["digest"], "threads": torch.get_num_threads()}))
+"""
+
+
+def test_the_same_digest_gives_the_same_bytes_on_1_and_2_threads(tmp_path):
+    """The build runs on one intra-op thread whatever the caller's setting (and gives the caller's back)."""
+    results = {}
+    for threads in (1, 2):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        proc = subprocess.run(
+            [sys.executable, "-c", BUILD_IN_A_PROCESS, str(tmp_path / f"t{threads}"), str(threads)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[threads] = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert results[threads]["threads"] == threads  # the caller's thread count is given back
+    assert results[1]["digest"] == results[2]["digest"]
+    assert results[1]["files"] == results[2]["files"]
+
+
 def test_last_boxed():
     assert last_boxed("so \\boxed{12} then \\boxed{ 81 }") == "81"
     assert last_boxed("no box") is None
@@ -177,6 +282,65 @@ def test_rollout_log_probs_match_a_teacher_forced_forward(assets, temperature):
             assert out.token_ids[-1] in server.eos_token_ids  # stops at EOS and keeps it
         expected = _teacher_forced_log_probs(server.model, prompt, out.token_ids, temperature)
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(assets):
+    from recipe.exgrpo.cpu.hf_rollout import SamplingKey
+
+    server = _server(assets, response_length=16)
+    a, b = _prompt_ids(assets, "What is 37 + 45?"), _prompt_ids(assets, "What is 120 + 345? Think first.")
+    key = SamplingKey(temperature=1.0, top_p=1.0, top_k=0, max_tokens=16, logprobs=True)
+    alone = server.generate_batch([a], key, [11])[0]
+    crowded = server.generate_batch([b, a, b, b], key, [5, 11, 6, 7])
+    assert crowded[1].token_ids == alone.token_ids  # longer left padding, other rows: same draw
+    torch.testing.assert_close(torch.tensor(crowded[1].log_probs), torch.tensor(alone.log_probs), atol=1e-5, rtol=0)
+    # the fault the seeds remove: from torch's global generator, a row's draw depends on the rows beside it
+    moved = 0
+    for seed in range(3):
+        torch.manual_seed(seed)
+        global_alone = server.generate_batch([a], key)[0]
+        torch.manual_seed(seed)
+        moved += server.generate_batch([b, a, b, b], key)[1].token_ids != global_alone.token_ids
+    assert moved > 0, "unseeded draws did not depend on the batch: this test would not see the fault"
+    draws = {tuple(out.token_ids) for out in server.generate_batch([a] * 8, key, list(range(100, 108)))}
+    assert len(draws) > 1, "eight seeds gave one response: the seeds do not reach the sampling"
+    # the log-probs stay those of the sampled tokens under the model (the Gumbel noise is not in them)
+    expected = _teacher_forced_log_probs(server.model, a, alone.token_ids, 1.0)
+    torch.testing.assert_close(torch.tensor(alone.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_request_seeds_count_repeats_of_a_prompt_and_restart_each_step(assets):
+    from recipe.exgrpo.cpu.hf_rollout import SamplingKey
+
+    server = _server(assets)
+    key = SamplingKey(temperature=1.0, top_p=1.0, top_k=0, max_tokens=8, logprobs=True)
+    other_key = SamplingKey(temperature=0.6, top_p=1.0, top_k=0, max_tokens=8, logprobs=True)
+    a, b = [1, 2, 3], [1, 2, 4]
+    server.global_steps = 3
+    first = [
+        server.next_seed(a, key),
+        server.next_seed(a, key),
+        server.next_seed(b, key),
+        server.next_seed(a, other_key),
+    ]
+    assert len(set(first)) == 4
+    server.global_steps = 4
+    assert server.next_seed(a, key) not in first
+    server.global_steps = 3  # a resumed run at step 3: the same seeds, whatever came before
+    assert [server.next_seed(b, key), server.next_seed(a, key), server.next_seed(a, key)] == [first[2], *first[:2]]
+
+
+def test_the_gumbel_sampler_draws_from_the_softmax():
+    from recipe.exgrpo.cpu.hf_rollout import GumbelSampler
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
+    n = 20_000
+    sampler = GumbelSampler(list(range(n)))
+    picks = sampler(None, logits.expand(n, -1)).argmax(-1)
+    freq = torch.bincount(picks, minlength=5).double() / n
+    expected = torch.softmax(logits.double(), -1)
+    assert freq[4] == 0  # a filtered token (top-k/top-p set it to -inf) is never drawn
+    torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)  # about 5 standard errors
 
 
 def test_greedy_generation_is_the_argmax(assets):
