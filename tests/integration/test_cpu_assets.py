@@ -268,14 +268,15 @@ def _teacher_forced_log_probs(model, prompt: list[int], response: list[int], tem
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
+@pytest.mark.parametrize("seeded", [False, True], ids=["global generator", "seeded"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_rollout_log_probs_match_a_teacher_forced_forward(assets, temperature):
+def test_rollout_log_probs_match_a_teacher_forced_forward(assets, temperature, seeded):
     from recipe.exgrpo.cpu.hf_rollout import SamplingKey
 
     server = _server(assets)
     prompts = [_prompt_ids(assets, q) for q in ("What is 3 + 4?", "What is 12 + 30? Be brief.")]  # unequal lengths
     key = SamplingKey(temperature=temperature, top_p=1.0, top_k=0, max_tokens=12, logprobs=True)
-    outputs = server.generate_batch(prompts, key)
+    outputs = server.generate_batch(prompts, key, [3, 4] if seeded else None)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert 1 <= len(out.token_ids) <= 12 and len(out.log_probs) == len(out.token_ids)
         if len(out.token_ids) < 12:
@@ -307,6 +308,20 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(as
     # the log-probs stay those of the sampled tokens under the model (the Gumbel noise is not in them)
     expected = _teacher_forced_log_probs(server.model, a, alone.token_ids, 1.0)
     torch.testing.assert_close(torch.tensor(alone.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_seeded_sampling_applies_top_k_and_top_p(assets):
+    """top-k 1 (and a tiny top-p) leave one token: the seeded draw is then the greedy one; a wide top-k is not."""
+    from recipe.exgrpo.cpu.hf_rollout import SamplingKey
+
+    server = _server(assets, response_length=10)
+    prompt = _prompt_ids(assets, "What is 48 + 27?")
+    greedy = server.generate_batch([prompt], SamplingKey(0.0, 1.0, 0, 10, True))[0].token_ids
+    for key in (SamplingKey(0.7, 1.0, 1, 10, True), SamplingKey(1.3, 1e-6, 0, 10, True)):
+        outs = server.generate_batch([prompt] * 4, key, [1, 2, 3, 4])
+        assert all(out.token_ids == greedy for out in outs), (key, [o.token_ids for o in outs], greedy)
+    wide = server.generate_batch([prompt] * 8, SamplingKey(1.5, 0.95, 50, 10, True), list(range(8)))
+    assert len({tuple(o.token_ids) for o in wide}) > 1
 
 
 def test_request_seeds_count_repeats_of_a_prompt_and_restart_each_step(assets):
