@@ -18,7 +18,7 @@ Nothing is downloaded. ``build_assets()`` writes, into one directory:
 
 The build is deterministic: it runs on one intra-op thread (whatever the caller's thread count) with seeded
 generators, so the same digest gives the same bytes. The digest covers the settings *and* what the bytes depend on
-beyond them: the versions of torch, transformers, tokenizers, safetensors, pyarrow and numpy, and the CPU kernels'
+beyond them: the versions of torch, transformers, tokenizers, safetensors and pyarrow, and the CPU kernels'
 instruction set torch dispatches to (float sums are computed in another order on AVX2 than on AVX-512).
 
 ``ensure_assets()`` caches the result under ``<repo>/.cache/exgrpo-assets/<digest>/`` (built once, atomically,
@@ -65,8 +65,9 @@ BUILDER_VERSION = 3
 # the intra-op threads of the build: one, so that no reduction depends on the machine's core count
 BUILD_THREADS = 1
 MANIFEST_KEY = "files"
-# the libraries whose versions decide the bytes (kernels, initialisation, serialisation)
-BUILD_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "pyarrow", "numpy")
+# the libraries whose versions decide the bytes (kernels, initialisation, serialisation); numpy is not among them
+# (the build draws from torch's and Python's generators), so the vLLM stack's venv, with another numpy, shares them
+BUILD_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "pyarrow")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CACHE_ROOT = REPO_ROOT / ".cache" / "exgrpo-assets"
 CACHE_ENV = "EXGRPO_ASSETS_CACHE"
