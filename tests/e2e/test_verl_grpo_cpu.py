@@ -97,7 +97,8 @@ def test_legacy_rollout_manager_generates_per_prompt_sample_counts(cpu_assets, r
     counts = [4, 3, 4, 3]
     env = {**cpu_env(output_dir=tmp_path, wall_limit_s=480), "EXGRPO_RAY_TEMP_DIR": ray_temp_dir}
     args = ["-m", "tests.e2e.expanded_generation_probe", "--out", str(tmp_path), "--counts", "4,3,4,3"]
-    result = run_cpu_job(args, env, 260, tmp_path / "probe.log")
+    # a bound on a hang: under the suite's load the run's workers once took 4 minutes to start
+    result = run_cpu_job(args, env, 420, tmp_path / "probe.log")
     assert result.returncode == 0, (
         f"probe failed (rc={result.returncode}, timeout={result.timed_out}):\n{result.log_tail()}"
     )
