@@ -33,6 +33,7 @@ print where the cache is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -458,17 +459,15 @@ def manifest_problems(root: str | Path) -> list[str]:
     return problems
 
 
-class _single_threaded:
+@contextlib.contextmanager
+def _single_threaded():
     """Run the build on ``BUILD_THREADS`` intra-op threads, then give the caller its thread count back."""
-
-    def __enter__(self):
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(BUILD_THREADS)
-        return self
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.threads)
-        return False
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def build_assets(out_dir: str | Path, spec: AssetSpec | None = None) -> Assets:
