@@ -34,7 +34,24 @@ PY="${PYTHON:-python3}"
 STAMP="$VENV/.exgrpo-setup-stamp"
 want="$(cat "${STAMP_FILES[@]}" | sha256sum | cut -d' ' -f1)"
 
+# Every installed module compiled to bytecode once (__pycache__/*.pyc): uv installs without it, and where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's CI machines) Python never writes it either, so every process
+# compiled torch, transformers, Ray and verl from source again: `import verl` took 18 s of CPU instead of 7.5, and
+# each real verl run starts about eight such processes (a tiny run's start-up 144 s -> 58 s on the hf rollout,
+# 252 s -> 106 s on vLLM; docs/testing.md, "Levers"). A failure to compile a file (some packages ship test files
+# in newer Python syntax) only leaves that file uncompiled; the log says which.
+BYTECODE="$VENV/.exgrpo-bytecode"
+compile_bytecode() {
+  local site t0=$SECONDS
+  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  "$VENV/bin/python" -m compileall -q -j 0 "$site" >"$BYTECODE.log" 2>&1 || true
+  echo "$want" >"$BYTECODE"
+  echo "[setup_env] compiled the bytecode of $site ($((SECONDS - t0)) s; files that did not compile: $BYTECODE.log)" >&2
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  # a venv built before this step compiles once, then the re-check is a file read again
+  [ "$(cat "$BYTECODE" 2>/dev/null)" = "$want" ] || compile_bytecode
   exit 0
 fi
 started=$(date +%s)
@@ -75,6 +92,7 @@ if [ "$STACK" = vllm ]; then
   "$VENV/bin/python" -m recipe.exgrpo.cpu.vllm_stack alias
   "$VENV/bin/python" -m recipe.exgrpo.cpu.vllm_stack check
 fi
+compile_bytecode
 "$VENV/bin/python" - "$STACK" <<'PY'
 import sys
 import torch
