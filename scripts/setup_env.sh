@@ -45,13 +45,13 @@ compile_bytecode() {
   local site t0=$SECONDS
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   "$VENV/bin/python" -m compileall -q -j 0 "$site" >"$BYTECODE.log" 2>&1 || true
-  echo "$want" >"$BYTECODE"
+  touch "$BYTECODE"
   echo "[setup_env] compiled the bytecode of $site ($((SECONDS - t0)) s; files that did not compile: $BYTECODE.log)" >&2
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-  # a venv built before this step compiles once, then the re-check is a file read again
-  [ "$(cat "$BYTECODE" 2>/dev/null)" = "$want" ] || compile_bytecode
+  # a venv built before this step compiles once (a reinstall, above, always compiles again)
+  [ -f "$BYTECODE" ] || compile_bytecode
   exit 0
 fi
 started=$(date +%s)
