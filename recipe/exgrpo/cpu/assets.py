@@ -60,6 +60,14 @@ from data_preprocess.toy_arithmetic import (
     write_parquet,
 )
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
+from recipe.exgrpo.cpu.tool_task import (
+    ToolUseSpec,
+    add_tool_tokens,
+    encode_tool_exchange,
+    expression_of,
+    tool_data,
+    tool_exchange_counts,
+)
 
 # Bump when the builder's behaviour changes in a way the settings below do not capture.
 BUILDER_VERSION = 3
@@ -130,9 +138,15 @@ class AssetSpec:
     model: TinyModelSpec = field(default_factory=TinyModelSpec)
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
     data: ToyArithmeticConfig = field(default_factory=ToyArithmeticConfig)
+    # the calculator task's assets (recipe/exgrpo/cpu/tool_task.py): tool tokens, calculator exchanges in the
+    # warm-up, every row served by verl's tool agent loop; None: the one-turn task
+    tools: ToolUseSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"builder_version": BUILDER_VERSION, **asdict(self)}
+        out = {"builder_version": BUILDER_VERSION, **asdict(self)}
+        if self.tools is None:  # so the one-turn assets keep the digest (and the bytes) they had before tools
+            del out["tools"]
+        return out
 
     def digest(self) -> str:
         """The cache key: the settings and the build environment (``build_environment()``)."""
@@ -158,11 +172,19 @@ def build_environment() -> dict[str, Any]:
     }
 
 
-def asset_spec(rollout: str = "hf") -> AssetSpec:
-    """The assets a CPU run on ``rollout`` uses: the default model for ``hf``, the head-size-32 one for ``vllm``."""
+# The calculator task's warm-up: no answer omits its "</think>" (the one-turn demo's format slip is what its RL
+# learns first; here the gain would mix it with the tool's), a quarter of the examples are calculator exchanges.
+TOOLS_WARMUP = WarmupSpec(unclosed_think_rate=0.0)
+
+
+def asset_spec(rollout: str = "hf", tools: bool = False) -> AssetSpec:
+    """The assets a CPU run on ``rollout`` uses: the default model for ``hf``, the head-size-32 one for ``vllm``;
+    with ``tools`` the calculator task's (the same model, taught the calculator in its warm-up)."""
     models = {"hf": AssetSpec().model, "vllm": VLLM_MODEL}
     if rollout not in CPU_ROLLOUTS:
         raise ValueError(f"rollout must be one of {list(CPU_ROLLOUTS)}, got {rollout!r}")
+    if tools:
+        return AssetSpec(model=models[rollout], warmup=TOOLS_WARMUP, tools=ToolUseSpec())
     return AssetSpec(model=models[rollout])
 
 
@@ -286,21 +308,33 @@ def warmup_questions(data: ToyArithmeticConfig, per_level: int, seed: int = 0) -
 
 
 def sft_warmup(
-    model, tokenizer, questions: dict[str, list[tuple[int, str, int]]] | list[tuple[int, str, int]], spec: WarmupSpec
+    model,
+    tokenizer,
+    questions: dict[str, list[tuple[int, str, int]]] | list[tuple[int, str, int]],
+    spec: WarmupSpec,
+    tools: ToolUseSpec | None = None,
 ) -> dict[str, float]:
     """Plain next-token SFT on the response tokens (AdamW, linear warm-up then cosine decay).
 
     ``questions`` per level: every example draws a level uniformly, then a question of it, so each level gets the
-    same share of the warm-up however many distinct questions it has (a plain list is one level).
+    same share of the warm-up however many distinct questions it has (a plain list is one level). With ``tools``, a
+    ``tools.call_share`` of the examples are calculator exchanges (``tool_task.encode_tool_exchange``: the loss on
+    the model's two turns, not on the tool's); without it the random draws are those of the one-turn warm-up.
     """
     rng = random.Random(spec.seed)
     torch.manual_seed(spec.seed)
     by_level = questions if isinstance(questions, dict) else {"all": questions}
 
-    def encode(q: tuple[int, str, int]) -> tuple[tuple[list[int], int], tuple[list[int], int]]:
+    def encode(q: tuple[int, str, int]) -> tuple:
         closed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=True)
         unclosed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=False)
-        return closed, unclosed
+        if tools is None:
+            return closed, unclosed
+        exchanges = tuple(
+            encode_tool_exchange(tokenizer, question_text(*q), expression_of(*q), response_text(str(answer(*q)), c))
+            for c in (True, False)
+        )
+        return closed, unclosed, *exchanges
 
     pools = [[encode(q) for q in qs] for qs in by_level.values() if qs]
     if not pools:
@@ -322,14 +356,26 @@ def sft_warmup(
     for _ in tqdm(range(spec.steps), desc="SFT warm-up of the tiny model", unit="step", mininterval=2.0):
         picked = [pools[rng.randrange(len(pools))] for _ in range(spec.batch_size)]
         pairs = [pool[rng.randrange(len(pool))] for pool in picked]
-        batch = [unclosed if rng.random() < spec.unclosed_think_rate else closed for closed, unclosed in pairs]
-        width = max(len(ids) for ids, _ in batch)
+        if tools is None:
+            batch = [unclosed if rng.random() < spec.unclosed_think_rate else closed for closed, unclosed in pairs]
+        else:
+            batch = []
+            for closed, unclosed, tool_closed, tool_unclosed in pairs:
+                call = rng.random() < tools.call_share
+                slip = rng.random() < spec.unclosed_think_rate
+                batch.append((tool_unclosed if slip else tool_closed) if call else (unclosed if slip else closed))
+        width = max(len(example[0]) for example in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (ids, n_prompt) in enumerate(batch):
+        for i, example in enumerate(batch):
+            ids = example[0]
             input_ids[i, : len(ids)] = torch.tensor(ids)
-            labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
+            if len(example) == 2:  # (ids, n_prompt): every response token
+                labels[i, example[1] : len(ids)] = torch.tensor(ids[example[1] :])
+            else:  # (ids, mask, n_prompt): the model's turns only
+                keep = torch.tensor(example[1], dtype=torch.bool)
+                labels[i, : len(ids)] = torch.where(keep, torch.tensor(ids), torch.tensor(-100))
             attention_mask[i, : len(ids)] = 1
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optim.zero_grad(set_to_none=True)
@@ -417,6 +463,43 @@ def spread_report(rows: list[dict], counts: list[int], samples_per_question: int
     return {**summary(list(counts)), "per_level": {level: summary(ks) for level, ks in by_level.items()}}
 
 
+def tool_use_report(model, tokenizer, rows: list[dict], spec: AssetSpec, k: int) -> dict[str, Any]:
+    """The calculator task's figures, overall and per level: ``spread_report`` of whole exchanges (the reward RL
+    sees), plus the share of exchanges that call the calculator (``call_rate``), that get a number back
+    (``answered_rate``), and the pass rate of the exchanges with a call and without one."""
+    counts = tool_exchange_counts(
+        model,
+        tokenizer,
+        rows,
+        samples_per_question=k,
+        temperature=spec.warmup.eval_temperature,
+        max_turn_tokens=spec.tools.eval_max_turn_tokens,
+        seed=spec.warmup.seed,
+    )
+
+    def rates(idx: list[int]) -> dict[str, float]:
+        n = max(1, len(idx) * k)
+        called = sum(counts["called"][i] for i in idx)
+        right_called = sum(counts["correct_called"][i] for i in idx)
+        right = sum(counts["correct"][i] for i in idx)
+        return {
+            "call_rate": called / n,
+            "answered_rate": sum(counts["answered"][i] for i in idx) / n,
+            # the pass rate of the exchanges that called, and of those that did not (NaN when there are none)
+            "pass_rate_with_call": right_called / called if called else float("nan"),
+            "pass_rate_without_call": (right - right_called) / (n - called) if n > called else float("nan"),
+        }
+
+    report = spread_report(rows, counts["correct"], k)
+    report.update(rates(list(range(len(rows)))))
+    by_level: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_level.setdefault(row["extra_info"].get("difficulty", "all"), []).append(i)
+    for level, idx in by_level.items():
+        report["per_level"][level].update(rates(idx))
+    return report
+
+
 # ---------------------------------------------------------------------------------------------- build + cache
 class AssetManifestError(RuntimeError):
     """An asset directory whose files are not the ones its manifest records."""
@@ -481,13 +564,18 @@ def _build_assets(out_dir: str | Path, spec: AssetSpec) -> Assets:
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
+    if spec.tools is not None:
+        add_tool_tokens(tokenizer)
     model = build_model(spec.model, tokenizer)
     save_model(model, tokenizer, root / "model_init")
     write_parquet(root / "data", spec.data)
+    if spec.tools is not None:  # every row through verl's tool agent loop
+        for split in ("train", "val"):
+            tool_data(root / "data" / f"{split}.parquet", root / "data" / f"{split}.parquet")
 
     questions = warmup_questions(spec.data, spec.warmup.questions_per_level, seed=spec.warmup.seed)
     t0 = time.perf_counter()
-    losses = sft_warmup(model, tokenizer, questions, spec.warmup)
+    losses = sft_warmup(model, tokenizer, questions, spec.warmup, tools=spec.tools)
     warmup_seconds = time.perf_counter() - t0
     save_model(model, tokenizer, root / "model")
 
@@ -500,12 +588,17 @@ def _build_assets(out_dir: str | Path, spec: AssetSpec) -> Assets:
         max_new_tokens=spec.warmup.eval_max_new_tokens,
         seed=spec.warmup.seed,
     )
-    # what the think-gated reward gives (the spread RL sees), and the arithmetic alone (any last \boxed{})
-    evaluation = spread_report(val_rows, success_counts(model, tokenizer, val_rows, **sampling), k)
-    arithmetic = spread_report(val_rows, success_counts(model, tokenizer, val_rows, think_gate=False, **sampling), k)
-    evaluation["answer_pass_rate"] = arithmetic["pass_rate"]
-    for level, figures in arithmetic["per_level"].items():
-        evaluation["per_level"][level]["answer_pass_rate"] = figures["pass_rate"]
+    if spec.tools is None:
+        # what the think-gated reward gives (the spread RL sees), and the arithmetic alone (any last \boxed{})
+        evaluation = spread_report(val_rows, success_counts(model, tokenizer, val_rows, **sampling), k)
+        arithmetic = spread_report(
+            val_rows, success_counts(model, tokenizer, val_rows, think_gate=False, **sampling), k
+        )
+        evaluation["answer_pass_rate"] = arithmetic["pass_rate"]
+        for level, figures in arithmetic["per_level"].items():
+            evaluation["per_level"][level]["answer_pass_rate"] = figures["pass_rate"]
+    else:  # whole exchanges, the calculator called where the model calls it
+        evaluation = tool_use_report(model, tokenizer, val_rows, spec, k)
     report = {
         "spec": spec.to_dict(),
         "digest": spec.digest(),
@@ -573,6 +666,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the model for this rollout (vllm: head size 32)",
     )
     parser.add_argument(
+        "--tools",
+        action="store_true",
+        help="the calculator task's assets (tool tokens, calculator exchanges in the warm-up, tool-agent rows)",
+    )
+    parser.add_argument(
         "--random",
         action="store_true",
         help="write only a randomly initialised tiny model with an 8192-position context into --out (no warm-up, no "
@@ -590,9 +688,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.rebuild:
         if not args.out:
             parser.error("--rebuild needs --out")
-        assets = build_assets(args.out, asset_spec(args.rollout))
+        assets = build_assets(args.out, asset_spec(args.rollout, tools=args.tools))
     else:
-        assets = ensure_assets(asset_spec(args.rollout))
+        assets = ensure_assets(asset_spec(args.rollout, tools=args.tools))
         if args.out:
             shutil.copytree(assets.root, args.out, dirs_exist_ok=True)
             assets = Assets(Path(args.out))
