@@ -74,7 +74,7 @@ from recipe.exgrpo.reward_scoring import (
     with_prompt_for_reward_functions,
 )
 from recipe.exgrpo.stage_deadlines import StageClock, deadlines_from_config
-from recipe.exgrpo.tool_turns import ToolCallDetector
+from recipe.exgrpo.tool_turns import ToolCallDetector, tool_turn_metrics
 
 POOL_DIRNAME = "exgrpo"
 TRACE_FILE = "exgrpo_trace.jsonl"
@@ -599,6 +599,9 @@ class RayExGRPOTrainer(RayPPOTrainer):
                 metrics.update(self.experience.collect(self.global_steps, groups))
             pass_rate = batch_pass_rate(scores)
             metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, batch)
+            if self.ends_in_tool_call is not None:  # a run whose rollouts may call tools
+                generated = ~batch.batch[IS_REPLAY_KEY].bool().numpy()
+                metrics.update(tool_turn_metrics(scores, batch.batch["response_mask"].numpy(), generated))
             self.experience.observe_rewards(scores, self.global_steps)  # the pass rate, or §13's signal
             self.experience.readd_retired(self.global_steps)
         return pass_rate

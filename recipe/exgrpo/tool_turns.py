@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-__all__ = ["ToolCallDetector", "runs_tools"]
+__all__ = ["ToolCallDetector", "runs_tools", "tool_turn_metrics"]
 
 #: where verl 0.9.1's parsers keep the text that opens a tool call (hermes, qwen3_coder, glm, seed, minimax, gemma4:
 #: tool_call_start_token; kimi: tool_calls_section_start_token; deepseek_v4: tool_calls_start_token)
@@ -43,6 +43,35 @@ def last_model_turn(mask: np.ndarray) -> tuple[int, int] | None:
     gaps = np.flatnonzero(np.diff(model) > 1)
     start = int(model[gaps[-1] + 1]) if gaps.size else int(model[0])
     return start, stop
+
+
+def holds_tool_turn(mask: np.ndarray) -> bool:
+    """Whether a response holds a tool's answer: a context token (mask 0) before its last model token."""
+    turn = last_model_turn(mask)
+    return turn is not None and not bool(np.asarray(mask[: turn[1]], dtype=bool).all())
+
+
+def tool_turn_metrics(scores: np.ndarray, masks: np.ndarray, generated: np.ndarray) -> dict[str, float]:
+    """How this step's responses used tools: of those generated, the share that got a tool's answer
+    (``exgrpo/multi_turn/tool_turn_share``) and the mean reward of those with one and of those without
+    (``reward_with_tool_turn``, ``reward_without_tool_turn``; in the binary mode their pass rates), so a run shows
+    whether calling pays and whether the policy calls more; of the replayed members, the share that hold a tool turn
+    (``replayed_tool_turn_share``). ``masks``: the rows' response masks (model tokens 1)."""
+    generated = np.asarray(generated, dtype=bool)
+    holds = np.asarray([holds_tool_turn(mask) for mask in np.asarray(masks)], dtype=bool)
+    out = {}
+    if (~generated).any():
+        out["exgrpo/multi_turn/replayed_tool_turn_share"] = float(holds[~generated].mean())
+    scores = np.asarray(scores, dtype=np.float64)[generated]
+    with_tool = holds[generated]
+    if not len(with_tool):
+        return out
+    out["exgrpo/multi_turn/tool_turn_share"] = float(with_tool.mean())
+    if with_tool.any():
+        out["exgrpo/multi_turn/reward_with_tool_turn"] = float(scores[with_tool].mean())
+    if (~with_tool).any():
+        out["exgrpo/multi_turn/reward_without_tool_turn"] = float(scores[~with_tool].mean())
+    return out
 
 
 class ToolCallDetector:

@@ -223,3 +223,35 @@ def test_a_named_validation_variable_is_read_from_core_or_aux():
     assert curve.signal_label == "mean reward of the sampled responses"
     # the binary mode's signal is the sampled pass rate, absent from this row
     assert run_curve([train, row], val_var="reward").signal == []
+
+
+def test_tool_calls_are_read_per_level_and_per_step(tmp_path):
+    def val(step: int, calls: dict[str, float]) -> dict:
+        row = {"step": step}
+        for lv, rate in calls.items():
+            row[f"val-core/toy_arithmetic_{lv}/acc/mean@1"] = 0.5
+            row[f"val-aux/toy_arithmetic_{lv}/tool_call/mean@1"] = rate
+        return row
+
+    rows = [
+        val(0, {"hard": 0.2, "easy": 0.3}),
+        {"step": 1, "exgrpo/batch_pass_rate": 0.5, "exgrpo/multi_turn/tool_turn_share": 0.25},
+        {
+            "step": 2,
+            "exgrpo/batch_pass_rate": 0.6,
+            "exgrpo/multi_turn/tool_turn_share": 0.5,
+            "exgrpo/multi_turn/replayed_tool_turn_share": 0.75,
+        },
+        val(2, {"hard": 0.9, "easy": 0.4}),
+    ]
+    curve = run_curve(rows)
+    assert curve.val_tool_call_by_level == {"easy": [0.3, 0.4], "hard": [0.2, 0.9]}  # in difficulty order
+    assert curve.val_tool_call == pytest.approx([0.25, 0.65])
+    assert curve.tool_turn_share == [0.25, 0.5]
+    assert math.isnan(curve.replayed_tool_turn_share[0]) and curve.replayed_tool_turn_share[1] == 0.75
+    text = describe_run(curve)
+    assert "validation answers that call the calculator: 0.250 -> 0.650" in text and "hard     0.200 -> 0.900" in text
+    assert plot_run(curve, tmp_path / "tools.png").read_bytes().startswith(PNG_MAGIC)
+    # a one-turn run has none of it
+    plain = run_curve([{"step": 0, "val-core/toy_arithmetic_easy/acc/mean@1": 0.5}])
+    assert plain.val_tool_call == [] and "calculator" not in describe_run(plain)

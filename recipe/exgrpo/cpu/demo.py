@@ -99,6 +99,23 @@ DEMO_SETTINGS: dict = dict(
 # On the vLLM rollout the demo replays from step 2 (its model starts below the demo's τ, docs/cpu_backend.md).
 VLLM_DEMO_DELAYED_START = -1.0
 
+#: The calculator task's reward (``--tools``): the binary reward and the call figures (cpu/tool_reward.py).
+TOOL_REWARD = "pkg://recipe.exgrpo.cpu.tool_reward"
+# ``--tools``: what changes from DEMO_SETTINGS. An exchange with a call is ~105 tokens (the call ~60, the tool's turn
+# ~20, the answer ~20, recipe/exgrpo/cpu/tool_task.py), one without ~20.
+TOOL_DEMO_SETTINGS: dict = dict(max_response_length=128)
+
+
+def tool_run(run: ExGRPOCpuRun) -> ExGRPOCpuRun:
+    """``run`` on the calculator task: verl's tool agent loop with the calculator, the tool task's reward."""
+    from recipe.exgrpo.cpu.tool_task import multi_turn_overrides
+
+    for key, value in TOOL_DEMO_SETTINGS.items():
+        setattr(run, key, value)
+    run.reward_fn_path = run.reward_fn_path or TOOL_REWARD
+    run.extra_overrides = multi_turn_overrides() + list(run.extra_overrides)
+    return run
+
 
 def demo_run(output_dir: str | Path, **overrides) -> ExGRPOCpuRun:
     """An :class:`ExGRPOCpuRun` with the demo's settings; keyword arguments replace any of them."""
@@ -287,8 +304,13 @@ def step_line(row: dict, total_steps: int) -> str | None:
             f"reward {row['exgrpo/reward/mean']:.3f}" if "exgrpo/reward/mean" in row else f"pass rate {pass_rate:.3f}"
         )
         entries, pool_q = int(row.get("exgrpo/pool/entries", 0)), int(row.get("exgrpo/pool/questions", 0))
+        tools = (
+            f"  tool calls {row['exgrpo/multi_turn/tool_turn_share']:.2f}"
+            if "exgrpo/multi_turn/tool_turn_share" in row
+            else ""
+        )
         parts.append(
-            f"step {step:>3}/{total_steps}  {shown}  pool {entries:>4} traj / {pool_q:>3} q"
+            f"step {step:>3}/{total_steps}  {shown}{tools}  pool {entries:>4} traj / {pool_q:>3} q"
             f"  retired {int(row.get('exgrpo/pool/retired', 0)):>3}"
             f"  replayed {int(row.get('exgrpo/replayed_questions', 0)):>2}/{int(questions)}"
             f"  {row.get('timing_s/step', float('nan')):.1f} s"
@@ -300,6 +322,10 @@ def step_line(row: dict, total_steps: int) -> str | None:
         levels = "  ".join(f"{lv} {v:.3f}" for lv, v in by_level.items())
         prefix = "" if parts else f"step {step:>3}/{total_steps}  "
         parts.append(f"{prefix}validation accuracy {mean:.3f}  ({levels})")
+        calls = {level_name(s): v for s, v in validation_by_source(row, "tool_call").items()}
+        if calls:
+            rates = "  ".join(f"{lv} {calls[lv]:.3f}" for lv in ordered_levels(calls))
+            parts.append(f"{' ' * len(prefix)}validation tool calls {sum(calls.values()) / len(calls):.3f}  ({rates})")
     return "\n".join(parts) if parts else None
 
 
@@ -370,6 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(bash scripts/demo_cpu.sh --rollout vllm sets it up)",
     )
     parser.add_argument(
+        "--tools",
+        action="store_true",
+        help="the calculator task: verl's tool agent loop with a calculator function tool, on a model whose warm-up "
+        "taught it the call (docs/tools.md); prints and draws the tool-call rate per level",
+    )
+    parser.add_argument(
         "--test-freq", type=int, default=10, help="validate every N steps and before training (default 10; 0: off)"
     )
     parser.add_argument(
@@ -391,8 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    out = Path(args.out or REPO_ROOT / "outputs" / ("cpu_demo" if args.rollout == "hf" else f"cpu_demo_{args.rollout}"))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tools and args.reward != DEFAULT_REWARD_MODE:
+        parser.error(
+            f"--tools runs the {DEFAULT_REWARD_MODE} reward (the calculator task's); drop --reward {args.reward}"
+        )
+    name = "cpu_demo" + ("_tools" if args.tools else "") + ("" if args.rollout == "hf" else f"_{args.rollout}")
+    out = Path(args.out or REPO_ROOT / "outputs" / name)
     from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
     from recipe.exgrpo.cpu.learning_curves import describe_run, plot_run, run_curve
 
@@ -413,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.overrides:  # a typo must not wait for the assets and Ray, nor reach the trainer's hydra message
         print(f"[demo] checking the {len(args.overrides)} extra override(s) (the launch scripts' dry run) ...")
         check = demo_run(out, **chosen)
+        if args.tools:
+            tool_run(check)
         problems = override_problems(check)
         if problems:
             print("[demo] the extra overrides do not validate:", file=sys.stderr)
@@ -421,11 +461,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     t0 = time.time()
     print("[demo] tiny model and toy data: building them if needed (once; cached under .cache/exgrpo-assets) ...")
-    assets = ensure_assets(asset_spec(args.rollout))
+    assets = ensure_assets(asset_spec(args.rollout, tools=args.tools))
     report = assets.report
     spread = "  ".join(f"{lv} {r['pass_rate']:.2f}" for lv, r in report.get("per_level", {}).items())
     print(f"[demo] assets ready in {time.time() - t0:.0f} s: {assets.root}")
     print(f"[demo] warmed-up model: pass rate at temperature 1 on the validation questions: {spread}")
+    if args.tools:
+        calls = "  ".join(f"{lv} {r['call_rate']:.2f}" for lv, r in report.get("per_level", {}).items())
+        print(f"[demo] warmed-up model: share of answers that call the calculator: {calls}")
     run = demo_run(
         out,
         steps=args.steps,
@@ -436,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         val_before_train=args.test_freq > 0,
         **chosen,
     )
+    if args.tools:
+        tool_run(run)
     if (
         args.rollout == "vllm"
         and "delayed_start_threshold" in get_reward_mode(args.reward).options
@@ -450,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     arm = (
         ("ExGRPO" if run.exgrpo_enable else "on-policy GRPO")
+        + (", calculator tool" if args.tools else "")
         + (f", {TOY_REWARDS[args.reward][1]}" if TOY_REWARDS[args.reward][0] else "")
         + (" on vLLM" if run.rollout == "vllm" else "")
     )
@@ -477,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}"
     )
     if curve.steps:
-        png = plot_run(curve, out / "learning_curve.png", title=f"{arm} on the toy arithmetic task (CPU demo)")
+        task = "the toy arithmetic task with a calculator" if args.tools else "the toy arithmetic task"
+        png = plot_run(curve, out / "learning_curve.png", title=f"{arm} on {task} (CPU demo)")
         print(f"learning curve: {png}")
     if result.timed_out:
         print(f"[demo] the run hit its wall-clock limit ({args.wall_limit:.0f} s)", file=sys.stderr)

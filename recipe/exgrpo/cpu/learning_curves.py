@@ -117,11 +117,23 @@ class RunCurve:
     # binary mode's sampled pass rate, the continuous mode's mean reward of the sampled responses)
     reward_mode: str = DEFAULT_REWARD_MODE
     signal: list[float] = field(default_factory=list)
+    # runs that call tools: per step, the share of generated responses that got a tool's answer
+    # (exgrpo/multi_turn/tool_turn_share); per validation point and level, the share of responses that called the
+    # calculator (the tool task's reward logs tool_call); empty otherwise
+    tool_turn_share: list[float] = field(default_factory=list)
+    replayed_tool_turn_share: list[float] = field(default_factory=list)  # NaN at steps that replayed nothing
+    val_tool_call_by_level: dict[str, list[float]] = field(default_factory=dict)
     wall_seconds: float | None = None
 
     @property
     def levels(self) -> list[str]:
         return list(self.val_by_level)
+
+    @property
+    def val_tool_call(self) -> list[float]:
+        """The validation call rate per point, the mean over levels (the levels have equal sizes)."""
+        per_level = list(self.val_tool_call_by_level.values())
+        return [sum(v) / len(v) for v in zip(*per_level)] if per_level else []
 
     @property
     def signal_label(self) -> str:
@@ -166,6 +178,11 @@ def run_curve(
             curve.step_seconds.append(float(row.get("timing_s/step", math.nan)))
             if signal_key in row:
                 curve.signal.append(float(row[signal_key]))
+            if "exgrpo/multi_turn/tool_turn_share" in row:
+                curve.tool_turn_share.append(float(row["exgrpo/multi_turn/tool_turn_share"]))
+                curve.replayed_tool_turn_share.append(
+                    float(row.get("exgrpo/multi_turn/replayed_tool_turn_share", math.nan))
+                )
         by_source = validation_by_source(row, val_var)
         if by_source:
             named = {level_name(s): v for s, v in by_source.items()}
@@ -179,6 +196,9 @@ def run_curve(
             closed = [float(v) for k, v in row.items() if THINK_KEY.match(k) and isinstance(v, (int, float))]
             if closed:
                 curve.val_think_closed.append(sum(closed) / len(closed))
+            calls = {level_name(s): v for s, v in validation_by_source(row, "tool_call").items()}
+            for lv in ordered_levels(calls):
+                curve.val_tool_call_by_level.setdefault(lv, []).append(calls[lv])
     return curve
 
 
@@ -197,6 +217,11 @@ def describe_run(curve: RunCurve) -> str:
         if len(curve.val_think_closed) == len(curve.val_acc):
             first, last = curve.val_think_closed[0], curve.val_think_closed[-1]
             lines.append(f"  answers that close the think block: {first:.3f} -> {last:.3f}")
+        if len(curve.val_tool_call) == len(curve.val_acc):
+            calls = curve.val_tool_call
+            lines.append(f"validation answers that call the calculator: {calls[0]:.3f} -> {calls[-1]:.3f}")
+            for lv, values in curve.val_tool_call_by_level.items():
+                lines.append(f"  {lv:<8} {values[0]:.3f} -> {values[-1]:.3f}")
     if curve.sampled_pass_rate:
         n = max(1, len(curve.steps) // 4)
         early = statistics.fmean(curve.sampled_pass_rate[:n])
@@ -241,6 +266,13 @@ def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Pat
             alpha=0.7,
             label="batch pass rate (sampled responses)",
         )
+    calls = curve.val_tool_call
+    if calls and len(calls) == len(curve.val_steps):
+        top.plot(curve.val_steps, calls, "^-", color="tab:red", lw=2, label="validation: calls the calculator")
+        for lv, values in curve.val_tool_call_by_level.items():
+            top.plot(curve.val_steps, values, "^:", color="tab:red", alpha=0.5, lw=1, label=f"calls: {lv}")
+    if curve.tool_turn_share and len(curve.tool_turn_share) == len(curve.steps):
+        top.plot(curve.steps, curve.tool_turn_share, "-", color="tab:pink", alpha=0.7, label="batch: tool answered")
     top.set_ylabel("accuracy")
     top.set_ylim(0, 1)
     top.grid(alpha=0.3)
