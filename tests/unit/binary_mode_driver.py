@@ -123,6 +123,8 @@ def drive_loss() -> dict:
         out[f"mixed={mixed}"] = {
             "loss": float(loss.detach()).hex(),
             "grad": hashlib.sha256(logits.grad.numpy().tobytes()).hexdigest(),
+            # the values too: a record made on another CPU is compared to them within a tolerance
+            "grad_values": [float(v).hex() for v in logits.grad.flatten().tolist()],
             "metrics": {k: float(v).hex() for k, v in sorted(metrics.items())},
         }
     return out
