@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.calculator import calculate
+from exgrpo.reward.extract import THINK_CLOSE, last_boxed
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TOOL_CALL_OPEN = "<tool_call>"
@@ -212,8 +213,6 @@ def tool_exchange_counts(
     (``correct_called``), run as verl's tool agent loop would (a call, the tool's turn, one answer turn; no call: the
     exchange ends)."""
     import torch
-
-    from recipe.exgrpo.cpu.assets import THINK_CLOSE, last_boxed
 
     torch.manual_seed(seed)
     prompts = [prompt_ids(tokenizer, row["prompt"][0]["content"]) for row in rows]
