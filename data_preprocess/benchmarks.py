@@ -41,10 +41,12 @@ from tqdm.auto import tqdm
 
 from data_preprocess import hub
 from data_preprocess.common import (
+    AGENT_NAME_HELP,
     PROMPT_STYLE_HELP,
     PROMPT_STYLES,
     PreprocessError,
     Report,
+    agent_name_from_args,
     build_prompt,
     check_output_dir,
     clean_ground_truth,
@@ -309,6 +311,7 @@ def build_benchmark(
     progress: bool,
     prompt_style: str = "chat",
     drop_duplicates: bool = False,
+    agent_name: str | None = None,
 ) -> tuple[list[dict[str, Any]], Report]:
     rows, columns, source = load_benchmark(bench, local_path)
     report = Report(f"{bench.name} <- {source}")
@@ -344,6 +347,7 @@ def build_benchmark(
                     qid=qid,
                     source_row=item.source_row,
                     sample=sample,
+                    agent_name=agent_name,
                 )
             )
     report.add("questions kept", len(items))
@@ -367,6 +371,7 @@ def run(args: argparse.Namespace) -> list[Report]:
             "the benchmark to --benchmarks, or drop the --input"
         )
     system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
+    agent_name = agent_name_from_args(args.agent_name, args.prompt_style)
     out_dir = Path(args.output_dir)
     if args.combined and not args.combined.endswith(".parquet"):
         raise PreprocessError(f"--combined must name a .parquet file, got {args.combined!r}")
@@ -384,6 +389,7 @@ def run(args: argparse.Namespace) -> list[Report]:
             progress,
             prompt_style=args.prompt_style,
             drop_duplicates=args.drop_duplicates,
+            agent_name=agent_name,
         )
         if not rows:
             raise PreprocessError(f"{name}: no rows left (nothing was written)\n{report.format()}")
@@ -416,8 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--combined", help="also write all selected benchmarks into this file (name in --output-dir)")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat", help=PROMPT_STYLE_HELP)
-    p.add_argument("--system-prompt", help="luffy (released instruction, default) or none")
+    p.add_argument(
+        "--system-prompt", help="luffy (released instruction, default), tir (default of --prompt-style tir) or none"
+    )
     p.add_argument("--system-prompt-file", help="use this file's text as the system instruction instead")
+    p.add_argument("--agent-name", help=AGENT_NAME_HELP)
     p.add_argument("--seed", type=int, default=0, help="GPQA option shuffle seed (raw GPQA rows only)")
     p.add_argument("--skip-gt-check", action="store_true", help="keep ground truths the reward cannot match")
     p.add_argument(

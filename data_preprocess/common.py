@@ -3,7 +3,8 @@
 Output rows follow verl's RL dataset convention, the same as the released evaluation files:
 ``data_source`` (str), ``prompt`` ([{content, role}]: the system instruction, then the user question),
 ``ability`` ("math"), ``reward_model`` {``ground_truth`` (str), ``style`` ("rule")}, ``extra_info``
-{``index``, ``split``, ``question_id``, ``source_row``, ``sample``}.
+{``index``, ``split``, ``question_id``, ``source_row``, ``sample``}; with an agent loop (``--prompt-style tir``,
+``--agent-name``) one more column, ``agent_name`` (str), which verl reads to pick the loop that serves the row.
 
 ``question_id`` is the SHA-1 of the question text after Unicode NFKC normalisation and whitespace collapsing:
 it depends only on the question, never on row order or seed, so the experience pool can key questions by it
@@ -29,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exgrpo.prompts import PROMPT_STYLES, llama_base_prompt
+from exgrpo.prompts import PROMPT_STYLES, STYLE_AGENT_NAMES, llama_base_prompt
 
 # The system instruction of the released LUFFY / ExGRPO setup (docs/algorithm.md §10: the think template): the
 # exact text of every row of the released evaluation files (AIME, AMC, MATH-500, ... in verl parquet), and of the
@@ -45,11 +46,34 @@ LUFFY_SYSTEM_PROMPT = (
     "in the Thought section. If applicable, include the answer in \\boxed{} for closed-form results like "
     "multiple choices or mathematical solutions."
 )
-SYSTEM_PROMPTS: dict[str, str | None] = {"luffy": LUFFY_SYSTEM_PROMPT, "none": None}
+# Tool-integrated reasoning (--prompt-style tir, scripts/train/*_tir.sh): the rows are served by verl's tool agent
+# loop with the recipe's sandboxed Python tool (recipe/exgrpo/agent_tools/python_tool.py, named "python"). How to
+# call it is not said here: verl hands the tool's schema to the chat template, which writes it and the
+# <tool_call> format into the system prompt (Qwen2.5's does). What the model cannot learn from the schema is said:
+# each call is a fresh process that keeps nothing, and what it prints is what comes back. No think block is asked
+# for: the TIR runs grade with the think gate off.
+TIR_SYSTEM_PROMPT = (
+    "Solve the math problem step by step. You can run Python code with the python tool to compute, explore and "
+    "check your work: each call runs the code in a fresh Python process that keeps no variables from earlier "
+    "calls, and returns what the code prints (or the error it raised), so print every result you need. Put the "
+    "final answer in \\boxed{}."
+)
+SYSTEM_PROMPTS: dict[str, str | None] = {"luffy": LUFFY_SYSTEM_PROMPT, "tir": TIR_SYSTEM_PROMPT, "none": None}
+#: the system prompt a style uses when --system-prompt is not given (chat: the released instruction)
+DEFAULT_SYSTEM_PROMPT: dict[str, str] = {"chat": "luffy", "tir": "tir"}
 PROMPT_STYLE_HELP = (
     "chat (default): system instruction + question, rendered by the model's chat template; llama_base: the paper's "
-    "Llama-3.1-8B base prompt 'User: {question} Answer: Let's think step by step.\\n', no system prompt"
+    "Llama-3.1-8B base prompt 'User: {question} Answer: Let's think step by step.\\n', no system prompt; tir: "
+    "tool-integrated reasoning, chat with the tir system instruction (a Python tool, the answer in \\boxed{}) and "
+    "every row served by verl's tool agent loop (agent_name tool_agent)"
 )
+AGENT_NAME_HELP = (
+    "verl agent loop of every row (the agent_name column): default tool_agent with --prompt-style tir, none (no "
+    "column: verl's default single-turn loop) otherwise"
+)
+# A verl agent-loop name as its registry keys them (tool_agent, single_turn_agent, ...): a typo or a stray space
+# would fail only inside the rollout workers, once the cluster is up.
+_AGENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
 ABILITY = "math"
 REWARD_STYLE = "rule"
@@ -102,8 +126,8 @@ def question_id(text: str) -> str:
 
 
 def system_prompt_from_args(name: str | None, path: str | None, style: str = "chat") -> str | None:
-    """``--system-prompt NAME`` (default luffy) or ``--system-prompt-file PATH`` (the file wins); none under
-    ``--prompt-style llama_base``, whose setting has no system prompt."""
+    """``--system-prompt NAME`` (default: the style's, luffy for chat and tir for tir) or ``--system-prompt-file
+    PATH`` (the file wins); none under ``--prompt-style llama_base``, whose setting has no system prompt."""
     if style not in PROMPT_STYLES:
         raise PreprocessError(f"--prompt-style must be one of {list(PROMPT_STYLES)}, got {style!r}")
     if style == "llama_base":
@@ -113,7 +137,7 @@ def system_prompt_from_args(name: str | None, path: str | None, style: str = "ch
                 "--system-prompt / --system-prompt-file"
             )
         return None
-    name = "luffy" if name is None else name
+    name = DEFAULT_SYSTEM_PROMPT[style] if name is None else name
     if path:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -125,6 +149,28 @@ def system_prompt_from_args(name: str | None, path: str | None, style: str = "ch
     if name not in SYSTEM_PROMPTS:
         raise PreprocessError(f"--system-prompt must be one of {sorted(SYSTEM_PROMPTS)}, got {name!r}")
     return SYSTEM_PROMPTS[name]
+
+
+def agent_name_from_args(name: str | None, style: str = "chat") -> str | None:
+    """``--agent-name NAME``: the verl agent loop written to every row's ``agent_name`` (None: no column). Default:
+    the style's (``tool_agent`` for ``tir``, none otherwise); ``none`` writes no column, which ``tir`` refuses (its
+    prompt promises a tool that only an agent loop with tools provides)."""
+    if style not in PROMPT_STYLES:
+        raise PreprocessError(f"--prompt-style must be one of {list(PROMPT_STYLES)}, got {style!r}")
+    if name is None:
+        return STYLE_AGENT_NAMES.get(style)
+    if name == "none":
+        if style in STYLE_AGENT_NAMES:
+            raise PreprocessError(
+                f"--agent-name none: --prompt-style {style} rows must be served by an agent loop that runs the "
+                f"tool its system prompt offers (default {STYLE_AGENT_NAMES[style]})"
+            )
+        return None
+    if not _AGENT_NAME.fullmatch(name):
+        raise PreprocessError(
+            f"--agent-name must name a verl agent loop (tool_agent, single_turn_agent, ...) or be none, got {name!r}"
+        )
+    return name
 
 
 def build_prompt(user_content: str, system_prompt: str | None, style: str = "chat") -> list[dict[str, str]]:
@@ -407,8 +453,9 @@ def verl_row(
     qid: str,
     source_row: int,
     sample: int = 0,
+    agent_name: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    row = {
         "data_source": data_source,
         "prompt": prompt,
         "ability": ABILITY,
@@ -421,6 +468,16 @@ def verl_row(
             "sample": sample,
         },
     }
+    if agent_name is not None:
+        row["agent_name"] = agent_name
+    return row
+
+
+def verl_schema(rows: Sequence[Mapping[str, Any]]) -> pa.Schema:
+    """``VERL_SCHEMA``, plus the ``agent_name`` column when the rows carry one (files without it stay as they were)."""
+    if any("agent_name" in r for r in rows):
+        return VERL_SCHEMA.append(pa.field("agent_name", pa.string()))
+    return VERL_SCHEMA
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -458,7 +515,7 @@ def check_output_file(path: str | Path, option: str) -> None:
 
 
 def write_verl_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Write rows with ``VERL_SCHEMA`` to ``path`` (temporary name, then rename: no half-written file)."""
+    """Write rows with ``verl_schema(rows)`` to ``path`` (temporary name, then rename: no half-written file)."""
     return write_verl_parquets([(rows, path)])[0]
 
 
@@ -481,7 +538,7 @@ def write_verl_parquets(outputs: Sequence[tuple[Sequence[Mapping[str, Any]], str
         for rows, path in zip((r for r, _ in outputs), paths, strict=True):
             current = path
             path.parent.mkdir(parents=True, exist_ok=True)
-            table = pa.Table.from_pylist(list(rows), schema=VERL_SCHEMA)
+            table = pa.Table.from_pylist(list(rows), schema=verl_schema(rows))
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
             temps.append(tmp)
             pq.write_table(table, tmp)

@@ -11,7 +11,10 @@ parquet / jsonl / json file, in either shape:
 Output: one verl parquet (see data_preprocess/common.py) with the released system instruction
 (``--system-prompt luffy``; ``none`` for no system message; ``--system-prompt-file`` for your own) or, with
 ``--prompt-style llama_base``, the paper's Llama-3.1-8B base prompt as the only message (exgrpo/prompts.py), the stable
-``extra_info.question_id`` and a contiguous ``extra_info.index``.
+``extra_info.question_id`` and a contiguous ``extra_info.index``. ``--prompt-style tir`` (tool-integrated
+reasoning, scripts/train/*_tir.sh) writes the tir system instruction (a Python tool, the answer in ``\\boxed{}``)
+and ``agent_name`` = ``tool_agent`` on every row, so verl serves them with its tool agent loop (``--agent-name``
+names another loop).
 
 Rows are dropped, and counted, when the question is empty, the ground truth is empty or unusable, the
 ground truth cannot be matched by the reward to itself ("unparseable"; ``--skip-gt-check`` skips this
@@ -21,6 +24,8 @@ error unless ``--drop-duplicates``.
 
     python -m data_preprocess.openr1_math --output data/openr1/train.parquet --tokenizer /models/Qwen2.5-Math-7B
     python -m data_preprocess.openr1_math --input openr1.parquet --output data/openr1/train.parquet
+    python -m data_preprocess.openr1_math --output data/openr1_tir/train.parquet --prompt-style tir \\
+        --tokenizer /models/Qwen2.5-7B-Instruct
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from tqdm.auto import tqdm
 
 from data_preprocess import hub
 from data_preprocess.common import (
+    AGENT_NAME_HELP,
     PROMPT_STYLE_HELP,
     PROMPT_STYLES,
     PreprocessError,
     Report,
+    agent_name_from_args,
     build_prompt,
     check_output_file,
     clean_ground_truth,
@@ -137,6 +144,7 @@ def load_input(
 def run(args: argparse.Namespace) -> Report:
     progress = not args.no_progress
     system_prompt = system_prompt_from_args(args.system_prompt, args.system_prompt_file, args.prompt_style)
+    agent_name = agent_name_from_args(args.agent_name, args.prompt_style)
     # the paths first: a wrong --tokenizer or an --output that cannot be written must not wait for the grading pass
     check_output_file(args.output, "--output")
     tokenizer = load_tokenizer(args.tokenizer, tag="openr1_math") if args.tokenizer else None
@@ -200,6 +208,7 @@ def run(args: argparse.Namespace) -> Report:
             split=args.split_name,
             qid=r["question_id"],
             source_row=r["source_row"],
+            agent_name=agent_name,
         )
         for i, r in enumerate(rows)
     ]
@@ -224,8 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="tokenizer directory for the prompt-length filter (none: no filter)")
     p.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS)
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat", help=PROMPT_STYLE_HELP)
-    p.add_argument("--system-prompt", help="luffy (released instruction, default) or none")
+    p.add_argument(
+        "--system-prompt", help="luffy (released instruction, default), tir (default of --prompt-style tir) or none"
+    )
     p.add_argument("--system-prompt-file", help="use this file's text as the system instruction instead")
+    p.add_argument("--agent-name", help=AGENT_NAME_HELP)
     p.add_argument("--data-source", help=f"data_source of every row (default: the input's, else {DEFAULT_DATA_SOURCE})")
     p.add_argument("--question-key", help="question column of plain input (default: problem or question)")
     p.add_argument("--answer-key", help="answer column of plain input (default: answer, ground_truth, final_answer)")

@@ -1,6 +1,6 @@
 """Prompt formats shared by the preprocessing commands, the launch scripts and the evaluation.
 
-Two ways a question reaches a model:
+Three ways a question reaches a model:
 
 - ``chat`` (every backbone but Llama-3.1-8B base): verl parquet rows hold messages (the released LUFFY system
   instruction, then the question as the user message) and the model's own chat template renders them. The
@@ -10,11 +10,20 @@ Two ways a question reaches a model:
   ``LLAMA_BASE_PROMPT`` after the tokenizer's BOS token. The preprocessing commands write that text as the one
   user message (``--prompt-style llama_base``) and the launch script renders it verbatim with
   ``RAW_CHAT_TEMPLATE`` as verl's ``actor_rollout_ref.model.custom_chat_template``.
+- ``tir`` (tool-integrated reasoning, scripts/train/*_tir.sh): ``chat`` with a system instruction that says a Python
+  tool is available and asks for the final answer in ``\\boxed{}``, and every row routed to verl's tool agent loop
+  (the row's ``agent_name`` column, :data:`STYLE_AGENT_NAMES`). The tool's schema is not in the data: verl passes it
+  to ``apply_chat_template(tools=...)`` and the model's template (Qwen2.5's) writes it into the system prompt,
+  with the ``<tool_call>`` format to call it.
 """
 
 from __future__ import annotations
 
-PROMPT_STYLES = ("chat", "llama_base")
+PROMPT_STYLES = ("chat", "llama_base", "tir")
+
+#: verl's agent loop for every row of a style (the data's ``agent_name``); a style not listed writes no such column,
+#: so verl runs its rows through its default loop (single turn).
+STYLE_AGENT_NAMES: dict[str, str] = {"tir": "tool_agent"}
 
 #: The Llama-3.1-8B base prompt of the paper's setting (no system prompt).
 LLAMA_BASE_PROMPT = "User: {question} Answer: Let's think step by step.\n"

@@ -11,13 +11,17 @@
 # PROMPT_STYLE=llama_base (the Llama-3.1-8B base run) writes data/openr1/train_llama_base.parquet and
 # data/valid_llama_base/valid_id.parquet instead of the first two; the evaluation files serve every backbone
 # (exgrpo.eval renders their user message with the model's template, or --template llama_base).
+# PROMPT_STYLE=tir (tool-integrated reasoning, scripts/train/*_tir.sh) writes data/openr1_tir/train.parquet and
+# data/valid_tir/valid_id.parquet instead: the tir system instruction and agent_name=tool_agent on every row. Only
+# when asked: the default run writes neither.
 #
 #   MODEL_PATH=/models/Qwen2.5-Math-7B-16k bash scripts/prepare_data.sh
 #   PROMPT_STYLE=llama_base MODEL_PATH=/models/Llama-3.1-8B bash scripts/prepare_data.sh
+#   PROMPT_STYLE=tir PARTS=train,valid MODEL_PATH=/models/Qwen2.5-7B-Instruct bash scripts/prepare_data.sh
 #
 # Environment:
 #   MODEL_PATH    tokenizer for the 1024-token prompt filter of the training set (unset: no filter)
-#   PROMPT_STYLE  chat (default) or llama_base
+#   PROMPT_STYLE  chat (default), llama_base or tir
 #   PARTS         comma list of train, valid, eval (default: all three)
 #   DATA_ROOT     where the files go (default data, relative to the repository); the training and evaluation
 #                 scripts then need TRAIN_FILE, VAL_FILE (and DATA_DIR for scripts/eval) pointed there
@@ -43,7 +47,8 @@ ID_BENCHMARKS=aime24,aime25,amc,math500,minerva,olympiad_bench
 case "$STYLE" in
   chat) train="$ROOT/openr1/train.parquet" valid_dir="$ROOT/valid" ;;
   llama_base) train="$ROOT/openr1/train_llama_base.parquet" valid_dir="$ROOT/valid_llama_base" ;;
-  *) echo "error: PROMPT_STYLE=$STYLE: use chat or llama_base" >&2; exit 2 ;;
+  tir) train="$ROOT/openr1_tir/train.parquet" valid_dir="$ROOT/valid_tir" ;;
+  *) echo "error: PROMPT_STYLE=$STYLE: use chat, llama_base or tir" >&2; exit 2 ;;
 esac
 
 run() {

@@ -7,11 +7,14 @@ The plain API is ``score`` (a float) / ``grade`` (a ``RewardResult``); verl's en
 
 from exgrpo.reward.extract import (
     THINK_CLOSE,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
     canonical_answer,
     choice_labels,
     extract_choice_label,
     last_boxed,
     split_after_think,
+    strip_tool_responses,
 )
 from exgrpo.reward.isolation import GraderCrashed, GraderPool, GradingTimeout, get_default_pool, shutdown_default_pool
 from exgrpo.reward.score import (
@@ -34,6 +37,8 @@ __all__ = [
     "MULTIPLE_CHOICE_SOURCES",
     "OUTCOMES",
     "THINK_CLOSE",
+    "TOOL_RESPONSE_CLOSE",
+    "TOOL_RESPONSE_OPEN",
     "GraderCrashed",
     "GraderPool",
     "GradingTimeout",
@@ -53,4 +58,5 @@ __all__ = [
     "score",
     "shutdown_default_pool",
     "split_after_think",
+    "strip_tool_responses",
 ]

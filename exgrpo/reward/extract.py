@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 
 THINK_CLOSE = "</think>"
+# How a hermes-format chat template (Qwen2.5's, Qwen3's) wraps a tool's answer inside a multi-turn exchange; both
+# are plain text after decoding (skip_special_tokens keeps them), so the tool's output is part of what verl grades.
+TOOL_RESPONSE_OPEN = "<tool_response>"
+TOOL_RESPONSE_CLOSE = "</tool_response>"
 
 # ``\fbox`` is what some models write instead of ``\boxed``; both mark the final answer (``_BOX`` below).
 
@@ -30,6 +34,31 @@ def split_after_think(text: str, marker: str = THINK_CLOSE) -> str | None:
     if idx < 0:
         return None
     return text[idx + len(marker) :]
+
+
+def strip_tool_responses(
+    text: str, open_marker: str = TOOL_RESPONSE_OPEN, close_marker: str = TOOL_RESPONSE_CLOSE
+) -> str:
+    """``text`` without its tool answers: every ``<tool_response>...</tool_response>`` span removed, markers included.
+
+    In a tool-calling exchange the decoded response holds the tool's outputs between the model's turns; a tool that
+    prints ``\\boxed{...}`` (or ``</think>``) must not be graded as the model's answer. A span left open (the exchange
+    was cut inside a tool's answer) runs to the end: nothing after it is the model's. One pass with ``str.find``, so
+    linear in the length of ``text`` however many spans never close.
+    """
+    parts: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(open_marker, pos)
+        if start < 0:
+            parts.append(text[pos:])
+            break
+        parts.append(text[pos:start])
+        end = text.find(close_marker, start + len(open_marker))
+        if end < 0:
+            break
+        pos = end + len(close_marker)
+    return "".join(parts)
 
 
 _BOX = re.compile(r"\\(?:boxed|fbox)")

@@ -6,6 +6,7 @@ Wiring (``main_exgrpo`` fills path/name when left null)::
     reward.custom_reward_function.name=compute_score
     +reward.custom_reward_function.reward_kwargs.think_gate=false   # Llama base
     +reward.custom_reward_function.reward_kwargs.timeout_s=10
+    +reward.custom_reward_function.reward_kwargs.strip_tool_responses=true   # tool-calling runs
 
 How verl calls it: ``verl.trainer.ppo.reward.get_custom_reward_fn`` wraps this function so that
 ``reward_kwargs`` are merged into every call (and win over verl's own keyword arguments); the reward loop's
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from exgrpo.reward import DEFAULT_TIMEOUT_S, MULTIPLE_CHOICE_SOURCES, RewardResult, grade
+from exgrpo.reward import strip_tool_responses as _strip
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -86,6 +88,7 @@ def compute_score(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     multiple_choice_sources: Iterable[str] | str | None = None,
     max_workers: int | None = None,
+    strip_tool_responses: bool | str = False,
     **kwargs: Any,
 ) -> dict[str, float | str]:
     """Binary math-verify reward for one response; never raises for any response or ground truth.
@@ -98,6 +101,10 @@ def compute_score(
             math-verify check); null/<=0 disables it (in-thread grading).
         multiple_choice_sources: data_source names graded by option label (default: arc_c, gpqa, mmlu_pro, ...).
         max_workers: grading worker processes per reward actor (default ``EXGRPO_REWARD_WORKERS`` or min(4, CPUs)).
+        strip_tool_responses: remove the tool's answers (``<tool_response>...</tool_response>``, how a hermes chat
+            template such as Qwen2.5's wraps them) before anything else, the think gate included. In a tool-calling
+            exchange verl decodes the whole response, tool outputs between the model's turns: without this a tool
+            that prints ``\\boxed{42}`` would be graded as the model's answer. Off by default (single-turn runs).
         kwargs: anything else verl passes (reward_router_address, ...) is ignored.
 
     Returns:
@@ -106,6 +113,8 @@ def compute_score(
         A misconfigured reward_kwargs value raises at the first call, naming the key, rather than silently
         scoring 0.
     """
+    if _as_bool("strip_tool_responses", strip_tool_responses) and isinstance(solution_str, str):
+        solution_str = _strip(solution_str)
     result = grade(
         solution_str,
         ground_truth,
