@@ -7,10 +7,11 @@
 # Environment of every launch script:
 #   MODEL_PATH       (required) backbone: a local Hugging Face directory (or a Hub id)
 #   TRAIN_FILE       training parquet; default data/openr1/train.parquet (Llama-3.1-8B base:
-#                    data/openr1/train_llama_base.parquet) when it exists. A hydra list "[a.parquet,b.parquet]" is
-#                    passed as it is. bash scripts/prepare_data.sh writes every file at its default path.
+#                    data/openr1/train_llama_base.parquet; TIR: data/openr1_tir/train.parquet) when it exists. A
+#                    hydra list "[a.parquet,b.parquet]" is passed as it is. bash scripts/prepare_data.sh writes every
+#                    file at its default path.
 #   VAL_FILE         in-training validation parquet; default data/valid/valid_id.parquet (Llama-3.1-8B base:
-#                    data/valid_llama_base/valid_id.parquet) when it exists
+#                    data/valid_llama_base/valid_id.parquet; TIR: data/valid_tir/valid_id.parquet) when it exists
 #   CKPT_KEEP        checkpoints kept (trainer.max_actor_ckpt_to_keep; default 2, as the release; "all" keeps
 #                    every one). A 7B checkpoint with its optimizer state is ~91 GB (docs/launch_scripts.md).
 #   CKPT_DIR         checkpoint root (default <repo>/checkpoints); a run writes $CKPT_DIR/$PROJECT_NAME/$EXPERIMENT_NAME
@@ -137,6 +138,22 @@ exgrpo_resolve_ckpt_dir() {
 # exgrpo_run_dir EXPERIMENT: where that experiment's checkpoints go (trainer.default_local_dir).
 exgrpo_run_dir() { printf '%s' "$CKPT_DIR/$PROJECT_NAME/$1"; }
 
+# exgrpo_worker_env NAME...: each NAME that is set goes to every Ray worker of the job, through the job's
+# runtime_env (call after exgrpo_prepare). Exporting it is not enough: the workers inherit the driver's environment
+# only when verl's ray.init starts the cluster itself; on a cluster joined through RAY_ADDRESS (ray start beforehand,
+# other nodes) they were started by another shell and never see it.
+exgrpo_worker_env() {
+  local name value
+  for name in "$@"; do
+    [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || exgrpo_die "exgrpo_worker_env: not a variable name: $name"
+    [[ -n "${!name+set}" ]] || continue
+    value="${!name}"
+    # quoted, so that hydra keeps it a string (Ray takes only strings) whatever it looks like
+    [[ "$value" != *"'"* ]] || exgrpo_die "$name holds a single quote, which cannot be passed to hydra: $value"
+    EXGRPO_ARGS+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name='$value'")
+  done
+}
+
 # --- checks that need the real machine -------------------------------------------------------------------------
 
 # A local model whose context is shorter than prompt + response would have its responses silently cut by vLLM
@@ -185,12 +202,13 @@ print(int(ray.cluster_resources().get("GPU", 0)))' 2>/dev/null | tail -n 1)" ||
 # --- the launch ------------------------------------------------------------------------------------------------
 
 # exgrpo_prepare --experiment NAME --steps N|epochs:E --rollout-tp TP --model-hint TEXT [--think-gate true|false|none]
-#                [--delayed-start TAU|none] [--prompt-style chat|llama_base] [--think-template expected]
+#                [--delayed-start TAU|none] [--prompt-style chat|llama_base|tir] [--think-template expected]
 #                [--data openr1|wildchat_if]
 # Resolves paths and cluster variables and fills EXGRPO_ARGS with the released hyperparameters (docs/algorithm.md §11).
 # --steps epochs:E trains E passes over the data (trainer.total_epochs; verl counts the steps); --think-gate none and
 # --delayed-start none leave those keys out (a reward model run: no math-verify reward, the continuous mode's own
-# delayed start); --data picks the default TRAIN_FILE / VAL_FILE and how to make them (openr1: the math runs).
+# delayed start); --data picks the default TRAIN_FILE / VAL_FILE and how to make them (openr1: the math runs);
+# --prompt-style llama_base and tir pick the files of that style (PROMPT_STYLE=... bash scripts/prepare_data.sh).
 exgrpo_prepare() {
   local experiment="" steps="" tp="" hint="" think_gate=true tau=0.35 style=chat data=openr1
   EXGRPO_EXPECT_THINK_TEMPLATE=0
@@ -209,7 +227,7 @@ exgrpo_prepare() {
     esac
     shift 2
   done
-  [[ "$style" == chat || "$style" == llama_base ]] || exgrpo_die "exgrpo_prepare: --prompt-style chat|llama_base"
+  [[ "$style" =~ ^(chat|llama_base|tir)$ ]] || exgrpo_die "exgrpo_prepare: --prompt-style chat|llama_base|tir"
   [[ "$data" == openr1 || "$data" == wildchat_if ]] || exgrpo_die "exgrpo_prepare: --data openr1|wildchat_if"
   [[ -n "$experiment" && -n "$steps" && -n "$tp" ]] ||
     exgrpo_die "exgrpo_prepare needs --experiment, --steps and --rollout-tp"
@@ -241,6 +259,8 @@ exgrpo_prepare() {
   local train_default=data/openr1/train.parquet val_default=data/valid/valid_id.parquet
   if [[ "$style" == llama_base ]]; then
     train_default=data/openr1/train_llama_base.parquet val_default=data/valid_llama_base/valid_id.parquet
+  elif [[ "$style" == tir ]]; then
+    train_default=data/openr1_tir/train.parquet val_default=data/valid_tir/valid_id.parquet
   fi
   local make="PROMPT_STYLE=$style bash scripts/prepare_data.sh (docs/launch_scripts.md)" what="the OpenR1-Math 46k"
   if [[ "$data" == wildchat_if ]]; then

@@ -96,7 +96,8 @@ def script_id(path: Path) -> str:
 
 
 def script_env(tmp_path: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    # (the TIR scripts pass every EXGRPO_SANDBOX_* variable set on to the workers)
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV and not k.startswith("EXGRPO_SANDBOX_")}
     env["PYTHON"] = sys.executable
     if tmp_path is not None:
         env["CKPT_DIR"] = str(tmp_path / "ckpt")
@@ -199,6 +200,7 @@ def test_the_expected_scripts_exist():
     expected = {f"train/{kind}_{b}.sh" for kind in ("exgrpo", "onpolicy") for b in BACKBONES}
     expected |= {f"train/ablations/{a}.sh" for a in ABLATIONS}
     expected |= {"reproduce/reproduce_1.5b.sh", "reproduce/reproduce_7b.sh"}
+    expected |= {f"train/{kind}_qwen2.5_7b_instruct_tir.sh" for kind in ("exgrpo", "onpolicy")}
     assert expected <= names, f"missing: {sorted(expected - names)}"
     # a new ablation preset must get its row in ABLATIONS (and so its check below)
     assert {p.stem for p in ABLATION_DIR.glob("*.sh")} == set(ABLATIONS)
@@ -705,3 +707,193 @@ def test_eval_scripts_refuse_a_checkpoint_folder_without_weights(tmp_path):
     proc = run_script(REPO / "scripts" / "eval" / "eval_id.sh", env=env)
     assert proc.returncode == 2 and "holds no weights" in proc.stderr
     assert "python -m verl.model_merger merge --backend fsdp" in proc.stderr
+
+
+# ------------------------------------------------------------------- tool-integrated reasoning
+TIR = TRAIN_DIR / "exgrpo_qwen2.5_7b_instruct_tir.sh"
+PYTHON_TOOL = REPO / "recipe" / "exgrpo" / "agent_tools" / "python_tool.py"
+MT = "actor_rollout_ref.rollout.multi_turn"
+WORKER_ENV = "ray_kwargs.ray_init.runtime_env.env_vars"
+#: the sandbox limits the TIR scripts set by default, as the agent-loop workers get them (strings, as Ray wants)
+TIR_SANDBOX_ENV = {
+    "EXGRPO_SANDBOX_TIMEOUT_S": "10",
+    "EXGRPO_SANDBOX_MEMORY_MB": "512",
+    "EXGRPO_SANDBOX_MAX_OUTPUT_BYTES": "512",
+    "EXGRPO_SANDBOX_REQUIRE_ISOLATION": "1",
+    "EXGRPO_SANDBOX_SITE_PACKAGES": "1",
+}
+
+
+def test_the_tir_run_is_the_instruct_run_with_tools(reports):
+    """Every setting of the TIR run is the instruct run's except the tool loop, its sandbox and the reward's."""
+    base, tir = reports["train/exgrpo_qwen2.5_7b_instruct.sh"], reports["train/exgrpo_qwen2.5_7b_instruct_tir.sh"]
+    assert differing_paths(base, tir) == {
+        f"{MT}.enable",
+        f"{MT}.function_tool_path",
+        "data.function_tool_path",  # verl's length filter counts the tool schema in the prompt (an interpolation)
+        f"{MT}.max_assistant_turns",
+        f"{MT}.max_user_turns",
+        f"{MT}.max_tool_response_length",
+        "reward.custom_reward_function.reward_kwargs.think_gate",
+        "reward.custom_reward_function.reward_kwargs.strip_tool_responses",
+        *(f"{WORKER_ENV}.{name}" for name in TIR_SANDBOX_ENV),
+    }
+    c = tir.config
+    mt = c.actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.format == "hermes" and mt.function_tool_path == str(PYTHON_TOOL)  # absolute
+    assert (mt.max_assistant_turns, mt.max_user_turns, mt.max_parallel_calls) == (5, 4, 1)
+    assert (mt.max_tool_response_length, mt.tool_response_truncate_side) == (512, "middle")
+    reward_kwargs = c.reward.custom_reward_function.reward_kwargs
+    assert reward_kwargs.strip_tool_responses is True and reward_kwargs.think_gate is False
+    env = OmegaConf.to_container(OmegaConf.select(c, WORKER_ENV))
+    assert env == TIR_SANDBOX_ENV  # the strings every Ray worker of the job gets, on any node
+    # the sandbox's limits must fit what verl lets through: its output cap is the tool-response cap
+    assert int(env["EXGRPO_SANDBOX_MAX_OUTPUT_BYTES"]) <= mt.max_tool_response_length
+    assert (c.data.max_prompt_length, c.data.max_response_length) == (1024, 8192)
+    assert str(c.trainer.experiment_name) == "exgrpo_qwen2.5_7b_instruct_tir" and tir.exgrpo.enable
+
+
+def test_the_onpolicy_tir_script_is_the_tir_script_with_replay_off(reports):
+    exgrpo, onpolicy = (
+        reports["train/exgrpo_qwen2.5_7b_instruct_tir.sh"],
+        reports["train/onpolicy_qwen2.5_7b_instruct_tir.sh"],
+    )
+    assert differing_paths(exgrpo, onpolicy) == {"exgrpo.enable"}
+    assert str(onpolicy.config.trainer.experiment_name) == "onpolicy_qwen2.5_7b_instruct_tir"
+
+
+def test_the_sandbox_limits_reach_the_workers_through_the_jobs_runtime_env():
+    """The user's values win over the defaults, any other EXGRPO_SANDBOX_* variable set goes along, and they travel
+    in ray_kwargs.ray_init.runtime_env (a cluster joined through RAY_ADDRESS never sees the driver's environment)."""
+    extra = {"EXGRPO_SANDBOX_TIMEOUT_S": "30", "EXGRPO_SANDBOX_CPU_S": "8", "RAY_ADDRESS": "10.0.0.1:6379"}
+    (overrides,) = printed_launches(TIR, **extra)
+    report = compose(overrides)
+    env = OmegaConf.to_container(OmegaConf.select(report.config, WORKER_ENV))
+    assert env == {**TIR_SANDBOX_ENV, "EXGRPO_SANDBOX_TIMEOUT_S": "30", "EXGRPO_SANDBOX_CPU_S": "8"}
+    assert report.config.ray_kwargs.ray_init.address == "10.0.0.1:6379"
+
+
+def test_a_value_hydra_cannot_carry_stops_the_script(tmp_path):
+    proc = run_script(TIR, env=script_env(tmp_path, DRY_RUN="print", EXGRPO_SANDBOX_MEMORY_MB="1'024"))
+    assert proc.returncode == 2 and "EXGRPO_SANDBOX_MEMORY_MB holds a single quote" in proc.stderr
+
+
+def test_a_bad_sandbox_limit_fails_the_dry_run_naming_it():
+    pytest.importorskip("exgrpo.sandbox")
+    (overrides,) = printed_launches(TIR, EXGRPO_SANDBOX_MEMORY_MB="lots")
+    with pytest.raises(DryRunError) as err:
+        compose(overrides)
+    assert "EXGRPO_SANDBOX_MEMORY_MB='lots'" in str(err.value) and "memory_mb must be an integer" in str(err.value)
+
+
+def test_the_preflight_names_a_kernel_without_the_sandbox_isolation(monkeypatch):
+    sandbox = pytest.importorskip("exgrpo.sandbox")
+    from recipe.exgrpo.tools.dry_run.multi_turn import sandbox_problems
+
+    monkeypatch.setattr(sandbox, "isolation_available", lambda: {"landlock_abi": 0, "seccomp": False})
+    (overrides,) = printed_launches(TIR)
+    config = compose(overrides).config
+    (problem,) = sandbox_problems(config, check_files=True)  # the pre-flight, on the launch machine
+    assert "EXGRPO_SANDBOX_REQUIRE_ISOLATION is on" in problem and "landlock_abi=0 seccomp=False" in problem
+    assert sandbox_problems(config, check_files=False) == []  # a dry run may run elsewhere than the launch
+    (overrides,) = printed_launches(TIR, EXGRPO_SANDBOX_REQUIRE_ISOLATION="0")
+    assert sandbox_problems(compose(overrides).config, check_files=True) == []
+
+
+def test_a_bad_value_of_strip_tool_responses_fails_the_dry_run():
+    (overrides,) = printed_launches(TIR, "++reward.custom_reward_function.reward_kwargs.strip_tool_responses=maybe")
+    with pytest.raises(DryRunError, match="reward_kwargs.strip_tool_responses must be true or false, got 'maybe'"):
+        compose(overrides)
+
+
+def _tir_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A model directory and TIR training / validation files written by the preprocessing command itself."""
+    from data_preprocess import benchmarks, openr1_math
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 32768}', encoding="utf-8")  # Qwen2.5-7B-Instruct's
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"problem": "What is $6 \\times 7$?", "answer": "42"}\n', encoding="utf-8")
+    train = tmp_path / "openr1_tir" / "train.parquet"
+    args = ["--input", str(src), "--output", str(train), "--prompt-style", "tir", "--no-progress", "--skip-gt-check"]
+    openr1_math.run(openr1_math.build_parser().parse_args(args))
+    args = ["--output-dir", str(tmp_path / "valid_tir"), "--benchmarks", "aime24", "--input", f"aime24={src}"]
+    args += ["--prompt-style", "tir", "--combined", "valid_id.parquet", "--no-progress", "--skip-gt-check"]
+    benchmarks.run(benchmarks.build_parser().parse_args(args))
+    return model, train, tmp_path / "valid_tir" / "valid_id.parquet"
+
+
+def _tool_override(tmp_path: Path) -> list[str]:
+    """Nothing when the recipe's Python tool is there; else a stand-in in the test's own directory (the tool file is
+    another change's), so the dry run still loads a function tool."""
+    if PYTHON_TOOL.is_file():
+        return []
+    stand_in = tmp_path / "python_tool.py"
+    stand_in.write_text(
+        "from verl.tools.function_tool import function_tool\n\n\n@function_tool\ndef python(code: str) -> str:\n"
+        '    """Run Python code.\n\n    Args:\n        code: the code.\n    """\n    return ""\n',
+        encoding="utf-8",
+    )
+    return [f"{MT}.function_tool_path={stand_in}"]
+
+
+def test_the_tir_dry_run_with_every_path_loads_the_tool(tmp_path):
+    """DRY_RUN=1 with the model and both data files given: the real pre-flight (--check-paths), which loads the
+    tool file as verl's agent-loop workers do, and with the recipe's tool tries its sandbox settings here."""
+    from exgrpo.sandbox import isolation_available
+
+    model, train, val = _tir_files(tmp_path)
+    env = script_env(tmp_path, DRY_RUN="1", DRY_RUN_QUIET="1", MODEL_PATH=str(model), TRAIN_FILE=str(train))
+    env["VAL_FILE"] = str(val)
+    extra = _tool_override(tmp_path)
+    proc = run_script(TIR, *extra, env=env, timeout=300)
+    isolated = all(isolation_available().values())
+    if PYTHON_TOOL.is_file() and not isolated:  # a kernel without Landlock or seccomp: named, then allowed knowingly
+        assert proc.returncode == 1 and "EXGRPO_SANDBOX_REQUIRE_ISOLATION is on" in proc.stderr
+        proc = run_script(TIR, env={**env, "EXGRPO_SANDBOX_REQUIRE_ISOLATION": "0"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ok = proc.stderr.strip().splitlines()[-1]
+    assert ok.startswith("[dry-run] OK") and "not checked" not in proc.stderr
+    tool = PYTHON_TOOL if not extra else tmp_path / "python_tool.py"
+    assert f"multi-turn: format=hermes tools=[function={tool}] max_assistant_turns=5 max_user_turns=4" in ok
+    assert "think_gate=False" in ok and "strip_tool_responses=True" in ok
+
+
+def test_the_tir_preflight_refuses_data_whose_rows_reach_no_tool(tmp_path):
+    model, train, val = _tir_files(tmp_path)
+    chat = _prompt_file(
+        tmp_path / "chat.parquet", [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    )
+    extra = _tool_override(tmp_path)
+    (overrides,) = printed_launches(TIR, *extra, MODEL_PATH=str(model), TRAIN_FILE=str(chat), VAL_FILE=str(val))
+    with pytest.raises(DryRunError) as err:
+        dry_run([*overrides, "++" + WORKER_ENV + ".EXGRPO_SANDBOX_REQUIRE_ISOLATION='0'"], check_files=True)
+    text = str(err.value)
+    assert f"data.train_files: {chat} has no agent_name column" in text and "--prompt-style tir" in text
+    assert "data.val_files" not in text  # the tir validation rows carry it
+    # a run without tools never asks for the column
+    (overrides,) = printed_launches(
+        TRAIN_DIR / "exgrpo_qwen2.5_7b_instruct.sh", MODEL_PATH=str(model), TRAIN_FILE=str(chat), VAL_FILE=str(chat)
+    )
+    dry_run(overrides, check_files=True)
+
+
+def test_the_tir_run_defaults_to_its_own_data_files(tmp_path):
+    proc = run_script(TIR, env=script_env(tmp_path, MODEL_PATH=str(tmp_path)))
+    assert proc.returncode == 2  # no data written: the launch stops and says which file and how to make it
+    assert "data/openr1_tir/train.parquet" in proc.stderr and "PROMPT_STYLE=tir" in proc.stderr
+
+
+def test_prepare_data_writes_the_tir_files_only_when_asked(tmp_path):
+    default = run_script(REPO / "scripts" / "prepare_data.sh", env=script_env(tmp_path, DRY_RUN="1"))
+    assert default.returncode == 0 and "tir" not in default.stderr
+    env = script_env(tmp_path, DRY_RUN="1", PROMPT_STYLE="tir", PARTS="train,valid")
+    tir = run_script(REPO / "scripts" / "prepare_data.sh", env=env)
+    assert tir.returncode == 0, tir.stderr
+    assert "--output data/openr1_tir/train.parquet --prompt-style tir" in tir.stderr
+    assert (
+        "--output-dir data/valid_tir" in tir.stderr and "--combined valid_id.parquet --prompt-style tir" in tir.stderr
+    )
+    common = (TRAIN_DIR / "common.sh").read_text(encoding="utf-8")
+    assert "train_default=data/openr1_tir/train.parquet val_default=data/valid_tir/valid_id.parquet" in common

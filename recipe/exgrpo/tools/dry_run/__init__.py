@@ -25,7 +25,10 @@ every check that needs neither GPUs, Ray, a model nor the data:
    share of the card (``recipe/exgrpo/tools/memory_estimate.py``; ``--gpu-memory-gib``, ``--model-params``): a warning
    naming the setting and a value that fits when the sum nears the card's memory;
 9. a run whose rollouts call tools: ``multi_turn.format`` is a tool-call format verl registers, and with
-   ``--check-paths`` the tool files exist and the function-tool file defines a tool (verl's loader only warns).
+   ``--check-paths`` the tool files exist and the function-tool file defines a tool (verl's loader only warns);
+   the data files here have an ``agent_name`` column (else no row reaches a loop with tools); with the recipe's
+   Python tool, its ``EXGRPO_SANDBOX_*`` limits parse and (``--check-paths``) the kernel has the isolation they
+   require.
 
 All problems found are reported together, each naming its key. Exit status: 0 valid, 1 invalid, 2 bad usage.
 The launch scripts under ``scripts/train`` call this with ``DRY_RUN=1`` (see docs/launch_scripts.md).
@@ -48,6 +51,7 @@ from recipe.exgrpo.tools.dry_run.compose import (
 )
 from recipe.exgrpo.tools.dry_run.driver import build_parser, dry_run, main
 from recipe.exgrpo.tools.dry_run.memory import generation_memory
+from recipe.exgrpo.tools.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
 from recipe.exgrpo.tools.dry_run.overrides import OPEN_MAPS, VERL_RANGES, check_overrides
 from recipe.exgrpo.tools.dry_run.paths import check_context, check_paths, check_prompt_style, launch_path_checks
 from recipe.exgrpo.tools.dry_run.report import DryRunError, DryRunReport
@@ -79,13 +83,16 @@ __all__ = [
     "check_prompt_style",
     "check_reward_kwargs",
     "compose_config",
+    "data_agent_problems",
     "dry_run",
     "generation_memory",
     "launch_path_checks",
     "main",
+    "multi_turn_problems",
     "reward_model_problems",
     "reward_summary",
     "run_entry_point_checks",
     "run_worker_checks",
+    "sandbox_problems",
     "suggest_key",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from recipe.exgrpo.tools.dry_run.compose import CONFIG_DIR, DEFAULT_CONFIG_NAME, compose_config
 from recipe.exgrpo.tools.dry_run.memory import generation_memory
-from recipe.exgrpo.tools.dry_run.multi_turn import multi_turn_problems
+from recipe.exgrpo.tools.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
 from recipe.exgrpo.tools.dry_run.overrides import check_overrides
 from recipe.exgrpo.tools.dry_run.paths import launch_path_checks
 from recipe.exgrpo.tools.dry_run.report import DryRunError, DryRunReport
@@ -50,6 +50,7 @@ def dry_run(
     problems += path_problems
     problems += reward_model_problems(config, check_files) if exgrpo is not None else []
     problems += multi_turn_problems(config, check_files) if exgrpo is not None else []
+    problems += data_agent_problems(config) + sandbox_problems(config, check_files) if exgrpo is not None else []
     if problems:
         raise DryRunError(problems)
     notes, warnings = [], []

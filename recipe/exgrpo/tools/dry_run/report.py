@@ -51,6 +51,8 @@ class DryRunReport:
         reward_kwargs = c.reward.custom_reward_function.get("reward_kwargs") or {}
         if "think_gate" in reward_kwargs:
             parts.append(f"think_gate={reward_kwargs.think_gate}")
+        if "strip_tool_responses" in reward_kwargs:
+            parts.append(f"strip_tool_responses={reward_kwargs.strip_tool_responses}")
         if x.enable:
             sigma = f"{x.resolved_sigma:g}" + (" (1/K)" if x.sigma is None else "")
             parts.append(

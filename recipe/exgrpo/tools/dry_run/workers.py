@@ -164,6 +164,10 @@ def _recipe_reward_module(path: str) -> str | None:
     return None
 
 
+#: The recipe reward's switches: the reward would raise at its first call on any other value, inside a Ray worker.
+BOOLEAN_REWARD_KWARGS: tuple[str, ...] = ("think_gate", "strip_tool_responses")
+
+
 def check_reward_kwargs(reward_kwargs: dict[str, Any], module: str = "recipe.exgrpo.reward") -> list[str]:
     """``reward_kwargs`` keys must be keyword parameters of the recipe's reward function ``module:compute_score``:
     its ``**kwargs`` would otherwise swallow a typo (``think_gat=false`` would leave the think gate on)."""
@@ -180,7 +184,7 @@ def check_reward_kwargs(reward_kwargs: dict[str, Any], module: str = "recipe.exg
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
             hint = f" (did you mean reward_kwargs.{close[0]}?)" if close else ""
             problems.append(f"{full}: not a parameter of {where}{hint}; allowed: {names}")
-        elif key == "think_gate" and not (
+        elif key in BOOLEAN_REWARD_KWARGS and not (
             isinstance(value, bool) or str(value).strip().lower() in {"1", "0", "true", "false", "yes", "no"}
         ):
             problems.append(f"{full} must be true or false, got {value!r}")
