@@ -72,9 +72,11 @@ rm -f "$ASSETS_STATUS"
 assets_build=$!
 background+=("$assets_build")
 
-# the second e2e session: the runs on the vLLM stack, and the multi-turn runs (hf and vllm rollouts), which the
-# foreground session, the longest of the four, has no room for
-SIDE_E2E_TESTS=(tests/e2e/test_vllm_cpu.py tests/e2e/test_verl_compat_vllm.py tests/e2e/test_multi_turn_cpu.py)
+# the second e2e session: the runs on the vLLM stack, the multi-turn runs (hf and vllm rollouts) and the tool demo
+# (it first builds its own tiny model, the calculator warm-up), which the foreground session, the longest of the
+# four, has no room for
+SIDE_E2E_TESTS=(tests/e2e/test_vllm_cpu.py tests/e2e/test_verl_compat_vllm.py tests/e2e/test_multi_turn_cpu.py
+  tests/e2e/test_tool_demo_cpu.py)
 # the four stage-deadline runs on the hf rollout (each a start-up, step 1, then a stage that hangs until its 150 s
 # deadline) are split over the three sessions that run verl: at the end of one session they kept it running ~20
 # minutes after the other two had ended (docs/testing.md has each session's minutes). Two run after the unit and
