@@ -7,6 +7,9 @@
 # (e.g. --seed 2, --onpolicy, --steps 30, --verbose, exgrpo.replay_ratio=0.25). docs/learning.md has the figures.
 # --rollout vllm runs it on verl's vLLM rollout instead of the Hugging Face stand-in: it sets up the vLLM CPU stack
 # in .venv-vllm on first use (about 7 minutes, 4.1 GB) and writes to outputs/cpu_demo_vllm (docs/cpu_backend.md).
+# --tools runs the calculator task instead: verl's tool agent loop with an exact calculator function tool, on a tiny
+# model whose warm-up taught it the call (its own build, once), printing and drawing the call rate per level
+# (outputs/cpu_demo_tools; docs/tools.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rollout=hf
