@@ -1,6 +1,7 @@
 """ExGRPO vs on-policy GRPO on the calculator task (the CPU tool demo), several seeds per arm, paired by seed.
 
     python benchmarks/tool_learning_cpu.py [--out outputs/tool_learning_cpu] [--seeds 1,2,3] [--steps 40]
+    python benchmarks/tool_learning_cpu.py --call-share 0.05 --out outputs/tool_learning_cpu_rare
 
 The protocol is fixed here, before running (module constants below): both arms run the CPU tool demo
 (``python -m recipe.exgrpo.cpu_demo --tools``: the demo's settings, verl's tool agent loop with the calculator, the
@@ -231,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default {STEPS})")
     parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
     parser.add_argument("--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s")
+    parser.add_argument(
+        "--call-share",
+        type=float,
+        help="the share of the warm-up's examples that call the calculator (default: the demo model's, 0.25); a "
+        "lower one makes successful calls rare at the start (its own model, built once)",
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if len(seeds) < 2:
@@ -241,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     from recipe.exgrpo.cpu.procs import install_termination_handlers
 
     install_termination_handlers()
-    assets = ensure_assets(asset_spec("hf", tools=True))
+    if args.call_share is not None and not 0.0 <= args.call_share <= 1.0:
+        parser.error(f"--call-share must be in [0, 1], got {args.call_share}")
+    assets = ensure_assets(asset_spec("hf", tools=True, call_share=args.call_share))
     curves: dict[str, list[tuple[int, RunCurve]]] = {arm: [] for arm in ARMS}
     for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
         for arm in ARMS:
@@ -253,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no validation call rates in {missing}: not the calculator task's runs?")
     write_tool_csv(curves, out / "tool_learning_cpu.csv")
     settings = ", ".join(f"{k}={v}" for k, v in DEMO_SETTINGS.items() if k not in ("steps", "test_freq"))
+    call_share = assets.report["spec"]["tools"]["call_share"]
     header = (
         f"ExGRPO vs on-policy GRPO on the CPU calculator task: {args.steps} steps, seeds {seeds}, validation every "
         f"{TEST_FREQ} steps (384 questions, one sample each at T = 1); the demo's settings ({settings}) with --tools; "
-        f"assets {assets.root.name}; commit {_git_commit()}; {platform.node() or 'host'} "
+        f"assets {assets.root.name} (warm-up call share {call_share:g}); commit {_git_commit()}; "
+        f"{platform.node() or 'host'} "
         f"({platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores)\n\n"
     )
     summaries = summarize_arms({arm: [c for _, c in runs] for arm, runs in curves.items()}, TARGET_ACCURACY)

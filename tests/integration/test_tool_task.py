@@ -127,3 +127,18 @@ def test_the_tool_reward_and_the_tool_turn_metrics(tokenizer):
     replayed_call = tool_turn_metrics(scores, masks, generated=np.asarray([True, True, False, True]))
     assert replayed_call["exgrpo/multi_turn/replayed_tool_turn_share"] == 1.0
     assert replayed_call["exgrpo/multi_turn/tool_turn_share"] == pytest.approx(1 / 3)
+
+
+def test_the_tool_assets_are_their_own_and_the_call_share_is_part_of_the_digest():
+    from recipe.exgrpo.cpu.assets import asset_spec
+
+    plain, tools = asset_spec("hf"), asset_spec("hf", tools=True)
+    assert plain.tools is None and tools.tools.call_share == 0.25
+    assert len({plain.digest(), tools.digest(), asset_spec("vllm", tools=True).digest()}) == 3
+    assert asset_spec("hf", tools=True, call_share=0.25).digest() == tools.digest()
+    rare = asset_spec("hf", tools=True, call_share=0.05)
+    assert rare.tools.call_share == 0.05 and rare.digest() != tools.digest()
+    with pytest.raises(ValueError, match="call_share is the calculator task's"):
+        asset_spec("hf", call_share=0.05)
+    with pytest.raises(ValueError, match=r"call_share must be in \[0, 1\], got 1.5"):
+        asset_spec("hf", tools=True, call_share=1.5)

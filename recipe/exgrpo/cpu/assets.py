@@ -177,14 +177,18 @@ def build_environment() -> dict[str, Any]:
 TOOLS_WARMUP = WarmupSpec(unclosed_think_rate=0.0)
 
 
-def asset_spec(rollout: str = "hf", tools: bool = False) -> AssetSpec:
+def asset_spec(rollout: str = "hf", tools: bool = False, call_share: float | None = None) -> AssetSpec:
     """The assets a CPU run on ``rollout`` uses: the default model for ``hf``, the head-size-32 one for ``vllm``;
-    with ``tools`` the calculator task's (the same model, taught the calculator in its warm-up)."""
+    with ``tools`` the calculator task's (the same model, taught the calculator in its warm-up; ``call_share``: the
+    share of warm-up examples that call it, default :class:`ToolUseSpec`'s)."""
     models = {"hf": AssetSpec().model, "vllm": VLLM_MODEL}
     if rollout not in CPU_ROLLOUTS:
         raise ValueError(f"rollout must be one of {list(CPU_ROLLOUTS)}, got {rollout!r}")
+    if call_share is not None and not tools:
+        raise ValueError("call_share is the calculator task's: it needs tools=True")
     if tools:
-        return AssetSpec(model=models[rollout], warmup=TOOLS_WARMUP, tools=ToolUseSpec())
+        tool_spec = ToolUseSpec() if call_share is None else ToolUseSpec(call_share=call_share)
+        return AssetSpec(model=models[rollout], warmup=TOOLS_WARMUP, tools=tool_spec)
     return AssetSpec(model=models[rollout])
 
 
@@ -671,12 +675,20 @@ def main(argv: list[str] | None = None) -> None:
         help="the calculator task's assets (tool tokens, calculator exchanges in the warm-up, tool-agent rows)",
     )
     parser.add_argument(
+        "--call-share",
+        type=float,
+        help=f"with --tools: the share of warm-up examples that call the calculator (default "
+        f"{ToolUseSpec().call_share}; another value is another asset)",
+    )
+    parser.add_argument(
         "--random",
         action="store_true",
         help="write only a randomly initialised tiny model with an 8192-position context into --out (no warm-up, no "
         "data, a second): for pipeline checks such as docs/evaluation.md's example",
     )
     args = parser.parse_args(argv)
+    if args.call_share is not None and not (args.tools and 0.0 <= args.call_share <= 1.0):
+        parser.error(f"--call-share needs --tools and a value in [0, 1], got {args.call_share}")
     if args.random:
         if not args.out:
             parser.error("--random needs --out")
@@ -688,9 +700,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.rebuild:
         if not args.out:
             parser.error("--rebuild needs --out")
-        assets = build_assets(args.out, asset_spec(args.rollout, tools=args.tools))
+        assets = build_assets(args.out, asset_spec(args.rollout, tools=args.tools, call_share=args.call_share))
     else:
-        assets = ensure_assets(asset_spec(args.rollout, tools=args.tools))
+        assets = ensure_assets(asset_spec(args.rollout, tools=args.tools, call_share=args.call_share))
         if args.out:
             shutil.copytree(assets.root, args.out, dirs_exist_ok=True)
             assets = Assets(Path(args.out))
