@@ -6,8 +6,10 @@ it, through verl's real trainer and tool agent loop with the calculator function
 A short run (4 steps, validation before training and after the last step) must: print the warmed-up model's call
 rate per level, a "tool calls" figure on every step line and the validation's call rate per level; log
 ``exgrpo/multi_turn/tool_turn_share`` on every step, with some exchanges that did call the tool (the warm-up calls on
-about a quarter of its answers: 0 of 64 at every step would mean the tool loop never ran); log the validation's
-per-level accuracy and call rate; and draw the curve. What the task does to learning over 40 steps and 3 seeds is
+about a quarter of its answers: 0 of 64 at every step would mean the tool loop never ran; injected once with
+``multi_turn.max_assistant_turns=1``, which stops every exchange before its call runs: the run went through and this
+check failed on shares of 0.0 at all 4 steps); log the validation's per-level accuracy and call rate; and draw the
+curve. What the task does to learning over 40 steps and 3 seeds is
 benchmarks/tool_learning_cpu.py's (docs/tools.md).
 """
 
