@@ -523,8 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}"
     )
     if curve.steps:
-        task = "the toy arithmetic task with a calculator" if args.tools else "the toy arithmetic task"
-        png = plot_run(curve, out / "learning_curve.png", title=f"{arm} on {task} (CPU demo)")
+        png = plot_run(curve, out / "learning_curve.png", title=f"{arm} on the toy arithmetic task (CPU demo)")
         print(f"learning curve: {png}")
     if result.timed_out:
         print(f"[demo] the run hit its wall-clock limit ({args.wall_limit:.0f} s)", file=sys.stderr)
