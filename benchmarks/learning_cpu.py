@@ -22,23 +22,19 @@ ExGRPO arm is the demo itself, so its rows also give the demo's seed-to-seed spr
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from exgrpo.modes import DEFAULT_REWARD_MODE  # noqa: E402
-from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
+from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch_or_reuse  # noqa: E402
 from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
     markdown_table,
     plot_arms,
-    read_metrics_file,
     run_curve,
     summarize_arms,
     write_csv,
@@ -74,14 +70,8 @@ WALL_LIMIT_S = 1200
 
 def run_one(arm: str, seed: int, out: Path, assets, fresh: bool, wall_limit_s: float = WALL_LIMIT_S) -> dict:
     """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
-    run_dir = out / "runs" / f"{arm}_seed{seed}"
-    done = run_dir / "done.json"
-    if done.exists() and not fresh:
-        info = json.loads(done.read_text())
-        print(f"[learning_cpu] {arm} seed {seed}: reusing the finished run in {run_dir}", flush=True)
-        return {"rows": read_metrics_file(run_dir / "metrics.jsonl"), "wall_seconds": info["wall_seconds"]}
     run = demo_run(
-        run_dir,
+        out / "runs" / f"{arm}_seed{seed}",
         steps=STEPS,
         seed=seed,
         exgrpo_enable=ARMS[arm][0],
@@ -90,18 +80,8 @@ def run_one(arm: str, seed: int, out: Path, assets, fresh: bool, wall_limit_s: f
         test_freq=TEST_FREQ,
         val_before_train=True,
         wall_limit_s=wall_limit_s,
-        ray_temp_dir=tempfile.mkdtemp(prefix="exglc-", dir="/tmp"),
     )
-    print(f"[learning_cpu] {arm} seed {seed}: running ({run_dir / 'train.log'}) ...", flush=True)
-    t0 = time.time()
-    result = launch(run, assets, echo=False)
-    if result.timed_out or result.returncode != 0:
-        print(result.log_tail(), file=sys.stderr)
-        raise SystemExit(f"{arm} seed {seed} failed (exit {result.returncode}); log: {result.log_path}")
-    rows = read_metrics_file(run_dir / "metrics.jsonl")
-    done.write_text(json.dumps({"wall_seconds": result.wall_seconds, "finished": time.time()}) + "\n")
-    print(f"[learning_cpu] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
-    return {"rows": rows, "wall_seconds": result.wall_seconds}
+    return launch_or_reuse(run, assets, f"learning_cpu {arm} seed {seed}", fresh)
 
 
 def _git_commit() -> str:

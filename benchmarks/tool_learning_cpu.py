@@ -28,20 +28,17 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import platform
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch, tool_run  # noqa: E402
+from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch_or_reuse, tool_run  # noqa: E402
 from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
     RunCurve,
     area_under_curve,
@@ -50,7 +47,6 @@ from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
     mean_std,
     plus_minus,
     pyplot,
-    read_metrics_file,
     run_curve,
     save_figure,
     summarize_arms,
@@ -68,36 +64,17 @@ HARD = "hard"
 
 
 def run_one(arm: str, seed: int, steps: int, out: Path, assets, fresh: bool, wall_limit_s: float) -> dict:
-    """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
-    run_dir = out / "runs" / f"{arm}_seed{seed}"
-    done = run_dir / "done.json"
-    if done.exists() and not fresh:
-        info = json.loads(done.read_text())
-        if info.get("steps") == steps:
-            print(f"[tool_learning_cpu] {arm} seed {seed}: reusing the finished run in {run_dir}", flush=True)
-            return {"rows": read_metrics_file(run_dir / "metrics.jsonl"), "wall_seconds": info["wall_seconds"]}
-    run = tool_run(
-        demo_run(
-            run_dir,
-            steps=steps,
-            seed=seed,
-            exgrpo_enable=ARMS[arm],
-            test_freq=TEST_FREQ,
-            val_before_train=True,
-            wall_limit_s=wall_limit_s,
-            ray_temp_dir=tempfile.mkdtemp(prefix="extl-", dir="/tmp"),
-        )
+    """Run one arm with one seed (or reuse a finished run of as many steps); return its metrics rows and wall time."""
+    run = demo_run(
+        out / "runs" / f"{arm}_seed{seed}",
+        steps=steps,
+        seed=seed,
+        exgrpo_enable=ARMS[arm],
+        test_freq=TEST_FREQ,
+        val_before_train=True,
+        wall_limit_s=wall_limit_s,
     )
-    print(f"[tool_learning_cpu] {arm} seed {seed}: running ({run_dir / 'train.log'}) ...", flush=True)
-    t0 = time.time()
-    result = launch(run, assets, echo=False)
-    if result.timed_out or result.returncode != 0:
-        print(result.log_tail(), file=sys.stderr)
-        raise SystemExit(f"{arm} seed {seed} failed (exit {result.returncode}); log: {result.log_path}")
-    rows = read_metrics_file(run_dir / "metrics.jsonl")
-    done.write_text(json.dumps({"wall_seconds": result.wall_seconds, "steps": steps, "finished": time.time()}) + "\n")
-    print(f"[tool_learning_cpu] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
-    return {"rows": rows, "wall_seconds": result.wall_seconds}
+    return launch_or_reuse(tool_run(run), assets, f"tool_learning_cpu {arm} seed {seed}", fresh, steps=steps)
 
 
 # ---- figures of one run ------------------------------------------------------------------------------------------

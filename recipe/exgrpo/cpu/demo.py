@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from exgrpo.modes import DEFAULT_REWARD_MODE, get_reward_mode
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
@@ -280,6 +281,43 @@ def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict],
                 break
             else:
                 time.sleep(0.2)
+
+
+def launch_or_reuse(run: ExGRPOCpuRun, assets, label: str, fresh: bool = False, **recorded: Any) -> dict:
+    """One seeded run of a benchmark: reuse the finished run in ``run.output_dir`` (its ``done.json``, written when
+    a run ends, records the wall time and ``recorded``; a record that differs, e.g. another number of steps, is run
+    again), else launch it in a private Ray temp dir removed afterwards. Returns ``{"rows", "wall_seconds"}``; a run
+    that fails or hits its wall limit stops the benchmark (``SystemExit`` naming ``label`` and the log)."""
+    import json
+    import shutil
+    import tempfile
+
+    from recipe.exgrpo.cpu.learning_curves import read_metrics_file
+
+    out = Path(run.output_dir)
+    done = out / "done.json"
+    if done.exists() and not fresh:
+        info = json.loads(done.read_text())
+        if all(info.get(key) == value for key, value in recorded.items()):
+            print(f"[{label}] reusing the finished run in {out}", flush=True)
+            return {"rows": read_metrics_file(out / "metrics.jsonl"), "wall_seconds": info["wall_seconds"]}
+    done.unlink(missing_ok=True)
+    print(f"[{label}] running ({out / 'train.log'}) ...", flush=True)
+    own_tmp = run.ray_temp_dir is None
+    if own_tmp:  # short, private: Ray's socket paths must stay under ~107 characters
+        run.ray_temp_dir = tempfile.mkdtemp(prefix="exgbr-", dir="/tmp")
+    try:
+        result = launch(run, assets, echo=False)
+    finally:
+        if own_tmp:
+            shutil.rmtree(run.ray_temp_dir, ignore_errors=True)
+            run.ray_temp_dir = None
+    if result.timed_out or result.returncode != 0:
+        print(result.log_tail(), file=sys.stderr)
+        raise SystemExit(f"{label} failed (exit {result.returncode}); log: {result.log_path}")
+    done.write_text(json.dumps({"wall_seconds": result.wall_seconds, "finished": time.time(), **recorded}) + "\n")
+    print(f"[{label}] {result.wall_seconds:.0f} s", flush=True)
+    return {"rows": read_metrics_file(out / "metrics.jsonl"), "wall_seconds": result.wall_seconds}
 
 
 def read_metrics(output_dir: str | Path) -> list[dict]:
