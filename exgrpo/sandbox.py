@@ -40,6 +40,7 @@ with their stored tool answers and never calls a tool again, so a tool answer mu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -252,10 +253,8 @@ def _exited(pid: int) -> bool:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the whole group has exited already
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _reap(proc: subprocess.Popen) -> float:

@@ -45,10 +45,15 @@ def last_model_turn(mask: np.ndarray) -> tuple[int, int] | None:
     return start, stop
 
 
-def holds_tool_turn(mask: np.ndarray) -> bool:
-    """Whether a response holds a tool's answer: a context token (mask 0) before its last model token."""
-    turn = last_model_turn(mask)
-    return turn is not None and not bool(np.asarray(mask[: turn[1]], dtype=bool).all())
+def rows_with_tool_turn(masks: np.ndarray) -> np.ndarray:
+    """Per row of a ``(rows, length)`` response mask: whether the response holds a tool's answer, i.e. a context
+    token (mask 0) before its last model token (mask 1). The padding after the last model token does not count."""
+    m = np.asarray(masks, dtype=bool)
+    if m.ndim != 2 or m.shape[1] == 0:
+        return np.zeros(len(m), dtype=bool)
+    last = m.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1)  # index of each row's last model token
+    model_up_to_last = np.cumsum(m, axis=1)[np.arange(len(m)), last]
+    return m.any(axis=1) & (model_up_to_last < last + 1)
 
 
 def tool_turn_metrics(scores: np.ndarray, masks: np.ndarray, generated: np.ndarray) -> dict[str, float]:
@@ -58,7 +63,7 @@ def tool_turn_metrics(scores: np.ndarray, masks: np.ndarray, generated: np.ndarr
     whether calling pays and whether the policy calls more; of the replayed members, the share that hold a tool turn
     (``replayed_tool_turn_share``). ``masks``: the rows' response masks (model tokens 1)."""
     generated = np.asarray(generated, dtype=bool)
-    holds = np.asarray([holds_tool_turn(mask) for mask in np.asarray(masks)], dtype=bool)
+    holds = rows_with_tool_turn(masks)
     out = {}
     if (~generated).any():
         out["exgrpo/multi_turn/replayed_tool_turn_share"] = float(holds[~generated].mean())
