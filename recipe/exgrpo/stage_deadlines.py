@@ -24,6 +24,12 @@ The defaults are 20-60 times what a stage takes at the paper's 7B shape on 8 GPU
 ~1-2 minutes, the pass and the update about a minute, a save ~8 minutes at 200 MB/s), so they fire on a hang, never
 on a slow step; ``null`` takes a stage's deadline away, ``stage_deadlines.enable=false`` all of them.
 
+The first step of a process (a start or a resume) pays one-off costs a later step does not: vLLM's CUDA graph
+capture and the agent loop's first requests, compilation, lazy imports, the first allocations. So the stages of
+that step and those before it (the first weight sync, validation before training) run under
+``first_step_factor`` times their deadline (default 2): a deadline set from a steady step's timings then fires on
+a hang from the second step on, not on the first step's warm-up.
+
 How (:class:`StageSupervisor`, used by the task runner): the trainer (init, fit) runs in a thread; each stage runs
 inside ``StageClock.stage(name, step)``; the task runner's main thread watches the clock. When a stage passes its
 deadline it
@@ -67,7 +73,8 @@ DEFAULT_DEADLINES_S: dict[str, float] = {
     "validate": 7200.0,
 }
 STAGES: tuple[str, ...] = tuple(DEFAULT_DEADLINES_S)
-KEYS: tuple[str, ...] = ("enable", *(f"{s}_s" for s in STAGES))
+DEFAULT_FIRST_STEP_FACTOR = 2.0
+KEYS: tuple[str, ...] = ("enable", "first_step_factor", *(f"{s}_s" for s in STAGES))
 #: how long the watchdog waits for the dumps of one node, and for the processes of a node to stop
 COLLECT_WAIT_S = 10.0
 TERMINATE_GRACE_S = 5.0
@@ -78,21 +85,28 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"
 # --------------------------------------------------------------------------------------------------- the config
 @dataclass(frozen=True)
 class StageDeadlines:
-    """The validated ``stage_deadlines`` block: seconds per stage (None: no deadline)."""
+    """The validated ``stage_deadlines`` block: seconds per stage (None: no deadline), and the factor the first
+    step's stages run under (module docstring)."""
 
     enable: bool = True
     seconds: Mapping[str, float | None] = field(default_factory=lambda: dict(DEFAULT_DEADLINES_S))
+    first_step_factor: float = DEFAULT_FIRST_STEP_FACTOR
 
-    def limit(self, stage: str) -> float | None:
+    def limit(self, stage: str, first_step: bool = False) -> float | None:
+        """The deadline of ``stage`` in seconds (``first_step``: a stage of the process's first step or before it)."""
         if stage not in DEFAULT_DEADLINES_S:
             raise KeyError(f"no stage {stage!r} (stages: {', '.join(STAGES)})")
-        return self.seconds.get(stage) if self.enable else None
+        seconds = self.seconds.get(stage) if self.enable else None
+        if seconds is None or not first_step:
+            return seconds
+        return seconds * self.first_step_factor
 
     def describe(self) -> str:
         """One line for the dry run's summary."""
         if not self.enable:
             return "stage_deadlines: off"
-        return "stage_deadlines: " + " ".join(f"{s}={_seconds(self.seconds.get(s))}" for s in STAGES)
+        stages = " ".join(f"{s}={_seconds(self.seconds.get(s))}" for s in STAGES)
+        return f"stage_deadlines: {stages} (first step x{self.first_step_factor:g})"
 
 
 def _seconds(value: float | None) -> str:
@@ -114,6 +128,17 @@ def deadline_problems(block: Any) -> list[str]:
         elif key == "enable":
             if not isinstance(value, bool):
                 problems.append(f"{BLOCK}.enable must be true or false, got {value!r}")
+        elif key == "first_step_factor":
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(float(value))
+                or float(value) < 1
+            ):
+                problems.append(
+                    f"{BLOCK}.first_step_factor must be a number >= 1 (the first step's deadlines are this many "
+                    f"times the others), got {value!r} (default {DEFAULT_FIRST_STEP_FACTOR:g})"
+                )
         elif value is not None and (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
@@ -143,7 +168,11 @@ def deadlines_from_config(config: Any) -> StageDeadlines:
         if f"{stage}_s" in block:
             value = block[f"{stage}_s"]
             seconds[stage] = None if value is None else float(value)
-    return StageDeadlines(enable=bool(block.get("enable", True)), seconds=seconds)
+    return StageDeadlines(
+        enable=bool(block.get("enable", True)),
+        seconds=seconds,
+        first_step_factor=float(block.get("first_step_factor", DEFAULT_FIRST_STEP_FACTOR)),
+    )
 
 
 # --------------------------------------------------------------------------------------------------- the clock
@@ -153,6 +182,13 @@ class RunningStage:
     step: int
     started: float
     limit_s: float | None
+    #: a stage of the process's first step or before it: its deadline is ``first_step_factor`` times the stage's
+    first_step: bool = False
+
+    def basis(self) -> str:
+        """Where the deadline comes from, for the messages."""
+        key = f"{BLOCK}.{self.name}_s"
+        return f"{key} x {BLOCK}.first_step_factor" if self.first_step else key
 
     def elapsed(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.started
@@ -160,17 +196,26 @@ class RunningStage:
 
 class StageClock:
     """Which stages run now, since when, with which deadline. Thread-safe: the trainer's thread enters stages,
-    the watchdog reads them. ``StageClock()`` (no deadlines) only records."""
+    the watchdog reads them. ``StageClock()`` (no deadlines) only records.
+
+    The step of the first stage entered is where this process started (0, or the step it resumed from: the first
+    weight sync comes before any training step); the stages of that step and of the next one, the process's first
+    training step, run under the first step's deadlines."""
 
     def __init__(self, deadlines: StageDeadlines | None = None) -> None:
         self.deadlines = deadlines
         self._running: list[RunningStage] = []
         self._lock = threading.Lock()
+        self._start_step: int | None = None
 
     @contextlib.contextmanager
     def stage(self, name: str, step: int) -> Iterator[RunningStage]:
-        limit = self.deadlines.limit(name) if self.deadlines is not None else None
-        entry = RunningStage(name, int(step), time.monotonic(), limit)
+        with self._lock:
+            if self._start_step is None:
+                self._start_step = int(step)
+            first_step = int(step) <= self._start_step + 1
+        limit = self.deadlines.limit(name, first_step) if self.deadlines is not None else None
+        entry = RunningStage(name, int(step), time.monotonic(), limit, first_step)
         with self._lock:
             self._running.append(entry)
         try:
@@ -205,6 +250,7 @@ class StageDeadlineError(RuntimeError):
         checkpoint_dir: str,
         removed: str | None,
         run_token: str | None = None,
+        basis: str | None = None,
     ) -> None:
         self.stage, self.step, self.limit_s, self.elapsed_s = stage, int(step), float(limit_s), float(elapsed_s)
         self.stacks_file, self.checkpoint_dir, self.removed, self.run_token = (
@@ -213,10 +259,11 @@ class StageDeadlineError(RuntimeError):
             removed,
             run_token,
         )
+        self.basis = basis or f"{BLOCK}.{stage}_s"
         where = stacks_file or "(could not be written)"
         partial = f"; the incomplete checkpoint {removed} was removed" if removed else ""
         super().__init__(
-            f"stage {stage!r} of step {step} ran past its deadline of {limit_s:g} s ({BLOCK}.{stage}_s; stopped "
+            f"stage {stage!r} of step {step} ran past its deadline of {limit_s:g} s ({self.basis}; stopped "
             f"after {elapsed_s:.0f} s): the run was stopped{partial}. The Python stacks of the driver and every Ray "
             f"worker at that moment: {where}. Re-running the same command resumes from the last complete checkpoint "
             f"in {checkpoint_dir} (trainer.resume_mode=auto)."
@@ -234,6 +281,7 @@ class StageDeadlineError(RuntimeError):
                 self.checkpoint_dir,
                 self.removed,
                 self.run_token,
+                self.basis,
             ),
         )
 
@@ -372,6 +420,7 @@ class StageSupervisor:
             self.checkpoint_dir,
             removed,
             self.run_token,
+            late.basis(),
         )
 
     def _exclude(self) -> list[int]:
@@ -381,7 +430,7 @@ class StageSupervisor:
         path = os.path.join(self.checkpoint_dir, f"stage_deadline_step{late.step}_{late.name}.txt")
         sections = [
             f"stage {late.name!r} of step {late.step} passed its deadline of {late.limit_s:g} s "
-            f"({BLOCK}.{late.name}_s) after {elapsed:.0f} s; written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+            f"({late.basis()}) after {elapsed:.0f} s; written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
             f"running stages: {[(s.name, s.step, round(s.elapsed(), 1)) for s in self.clock.running()]}",
             f"\n=== task runner (the trainer, this watchdog) pid {os.getpid()} on {socket.gethostname()} ===",
             stacks.own_stacks(),

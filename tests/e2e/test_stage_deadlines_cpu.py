@@ -3,7 +3,8 @@
 save that writes and never completes) stops at that stage's deadline with ``StageDeadlineError`` naming the stage and
 the step, writes the Python stacks of the driver and every Ray worker into the run directory, leaves no incomplete
 checkpoint (step 1's stays, and a re-run of the same command resumes from it), and leaves no process of the run
-alive. Each run: about 4-5 minutes on 2 cores (Ray and the workers start, step 1 and its checkpoint, the deadline)."""
+alive. Each run: about 2 minutes on a quiet 2-core machine (Ray and the workers start, step 1 and its checkpoint, the
+30 s deadline at step 2)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics
 pytestmark = [pytest.mark.slow]
 
 FAULTS_MODULE = "tests.e2e.stage_faults"
-#: the deadline of the faulted stage, in seconds: far below the run's wall limit, and above what the stage takes at
-#: step 1 of this tiny run on a 2-core machine shared by the test command's four sessions (seconds when quiet; a
-#: deadline of 60 s was once passed by step 1's generation there, before the fault was armed)
-DEADLINE_S = 150
+#: the deadline of the faulted stage at step 2, where the fault hangs it, in seconds
+DEADLINE_S = 30
+#: step 1 (and the weight sync before it) runs under FIRST_STEP_FACTOR x DEADLINE_S = 180 s: above what the stage
+#: takes there on a 2-core machine shared by the test command's four sessions (seconds when quiet; a deadline of
+#: 60 s was once passed by step 1's generation there, before the fault was armed)
+FIRST_STEP_FACTOR = 6
 WALL_LIMIT_S = 720
 #: fault -> (the stage whose deadline fires, a frame the stacks file must show: where the run was waiting)
 FAULTS = {
@@ -60,13 +63,20 @@ def test_a_stage_that_hangs_stops_the_run_at_its_deadline(fault, tmp_path, monke
     monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", FAULTS_MODULE)
     monkeypatch.setenv("EXGRPO_TEST_STAGE_FAULT", fault)
     monkeypatch.setenv("EXGRPO_TEST_FAULT_AFTER", str(tracker))
-    result, log = _run(out, ray_temp_dir, steps=3, extra=[f"stage_deadlines.{stage}_s={DEADLINE_S}"])
+    result, log = _run(
+        out,
+        ray_temp_dir,
+        steps=3,
+        extra=[f"stage_deadlines.{stage}_s={DEADLINE_S}", f"stage_deadlines.first_step_factor={FIRST_STEP_FACTOR}"],
+    )
 
     assert not result.timed_out, f"the run hit its wall limit instead of the stage deadline\n{log[-6000:]}"
     assert result.returncode == 1, log[-6000:]
     passed = [line for line in log.splitlines() if "StageDeadlineError" in line]
     assert "[stage_faults]" in log, f"the fault was not injected; deadline messages: {passed}\n{log[-3000:]}"
-    named = f"StageDeadlineError: stage '{stage}' of step 2 ran past its deadline of {DEADLINE_S} s"
+    # step 2's own deadline (not the first step's, which step 1 ran under)
+    named = f"StageDeadlineError: stage '{stage}' of step 2 ran past its deadline of {DEADLINE_S} s ("
+    named += f"stage_deadlines.{stage}_s; stopped"
     assert named in log, f"deadline messages: {passed}\n{log[-6000:]}"
     assert "Traceback" not in log[log.index(named) :]  # a message, not a traceback
     # the stacks: the trainer's thread waiting in the stage, the driver and the Ray workers

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from recipe.exgrpo import stacks
 from recipe.exgrpo.stage_deadlines import (
     DEFAULT_DEADLINES_S,
+    DEFAULT_FIRST_STEP_FACTOR,
     StageClock,
     StageDeadlineError,
     StageDeadlines,
@@ -40,8 +41,10 @@ def test_the_defaults_come_from_the_yaml_and_fit_a_7b_step():
     assert deadlines.enable and dict(deadlines.seconds) == DEFAULT_DEADLINES_S
     assert OmegaConf.to_container(config.stage_deadlines) == {
         "enable": True,
+        "first_step_factor": int(DEFAULT_FIRST_STEP_FACTOR),
         **{f"{k}_s": int(v) for k, v in DEFAULT_DEADLINES_S.items()},
     }
+    assert deadlines.first_step_factor == DEFAULT_FIRST_STEP_FACTOR == 2
     # minutes-long 7B stages: nothing under half an hour, the ~91 GB save and validation get two hours
     assert min(DEFAULT_DEADLINES_S.values()) >= 1800 and DEFAULT_DEADLINES_S["save_checkpoint"] >= 7200
     assert deadlines.describe().startswith("stage_deadlines: generate=3600s reward=1800s")
@@ -73,15 +76,26 @@ def test_every_stage_of_a_step_runs_inside_the_clock():
 
 def test_every_bad_key_is_named():
     problems = deadline_problems(
-        {"generate_s": -1, "reward_s": "soon", "update": 60, "weight_sync_s": True, "enable": "yes", "validate_s": None}
+        {
+            "generate_s": -1,
+            "reward_s": "soon",
+            "update": 60,
+            "weight_sync_s": True,
+            "enable": "yes",
+            "validate_s": None,
+            "first_step_factor": 0.5,
+        }
     )
     text = "\n".join(problems)
-    assert len(problems) == 5, problems
+    assert len(problems) == 6, problems
+    assert "stage_deadlines.first_step_factor must be a number >= 1" in text and "got 0.5 (default 2)" in text
     assert "stage_deadlines.generate_s must be a number of seconds > 0, or null for no deadline, got -1" in text
     assert "stage_deadlines.reward_s must be a number" in text and "stage_deadlines.weight_sync_s must be" in text
     assert "stage_deadlines.update is not a key of stage_deadlines (did you mean stage_deadlines.update_s?)" in text
     assert "stage_deadlines.enable must be true or false" in text
-    assert deadline_problems({"validate_s": None, "update_s": 30}) == []
+    assert deadline_problems({"validate_s": None, "update_s": 30, "first_step_factor": 1}) == []
+    for bad in (None, True, float("inf"), "2"):
+        assert deadline_problems({"first_step_factor": bad}), bad
 
 
 def test_start_up_and_the_dry_run_refuse_a_bad_deadline():
@@ -102,15 +116,51 @@ def test_start_up_and_the_dry_run_refuse_a_bad_deadline():
 
 def test_the_clock_knows_what_runs_and_what_is_late():
     clock = StageClock(StageDeadlines(seconds={**DEFAULT_DEADLINES_S, "update": 0.2, "validate": None}))
+    with clock.stage("weight_sync", 0):  # the process starts at step 0: steps 0 and 1 are its first step's
+        pass
     with clock.stage("update", 3) as entry:
         assert clock.overdue(entry.started + 0.1) is None
         assert clock.overdue(entry.started + 0.3) == entry and entry.limit_s == 0.2
         with clock.stage("validate", 3) as no_limit:
             assert clock.overdue(no_limit.started + 1e6).name == "update"
     assert clock.running() == [] and clock.overdue() is None
+    assert not entry.first_step and entry.basis() == "stage_deadlines.update_s"
     off = StageClock(StageDeadlines(enable=False))
     with off.stage("update", 1) as entry:
         assert entry.limit_s is None and off.overdue(entry.started + 1e9) is None
+
+
+@pytest.mark.parametrize("start", [0, 7])
+def test_the_first_step_runs_under_the_factor(start):
+    """The steps up to the process's first training step (the start step, a fresh 0 or the resumed one, then the
+    next) get ``first_step_factor`` times each deadline; the step after them the deadline itself."""
+    deadlines = StageDeadlines(
+        seconds={**DEFAULT_DEADLINES_S, "generate": 30.0, "weight_sync": 10.0}, first_step_factor=6
+    )
+    clock = StageClock(deadlines)
+    with clock.stage("weight_sync", start) as sync:
+        assert sync.first_step and sync.limit_s == 60.0
+        assert sync.basis() == "stage_deadlines.weight_sync_s x stage_deadlines.first_step_factor"
+    with clock.stage("generate", start + 1) as first:
+        assert first.first_step and first.limit_s == 180.0
+        assert clock.overdue(first.started + 31) is None and clock.overdue(first.started + 181) == first
+    with clock.stage("generate", start + 2) as second:
+        assert not second.first_step and second.limit_s == 30.0 and clock.overdue(second.started + 31) == second
+    assert deadlines.limit("validate", first_step=True) == 6 * DEFAULT_DEADLINES_S["validate"]
+    assert StageDeadlines(seconds={**DEFAULT_DEADLINES_S, "update": None}).limit("update", first_step=True) is None
+    assert "(first step x6)" in deadlines.describe()
+    error = StageDeadlineError("generate", 1, 180.0, 181.0, None, "/ckpt", None, None, first.basis())
+    assert "deadline of 180 s (stage_deadlines.generate_s x stage_deadlines.first_step_factor;" in str(error)
+    assert pickle.loads(pickle.dumps(error)).basis == error.basis
+
+
+def test_the_factor_comes_from_the_config():
+    from recipe.exgrpo.tools.dry_run import compose_config
+
+    base = ["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"]
+    assert deadlines_from_config(compose_config(base + ["stage_deadlines.first_step_factor=5"])).first_step_factor == 5
+    with pytest.raises(ValueError, match="stage_deadlines.first_step_factor must be a number >= 1"):
+        deadlines_from_config(compose_config(base + ["stage_deadlines.first_step_factor=0"]))
 
 
 def _checkpoints(root: Path) -> Path:
@@ -165,6 +215,8 @@ def test_a_stage_blocked_in_c_is_stopped_from_outside_with_the_stacks_of_the_run
     supervisor = StageSupervisor(deadlines, str(root), run_token=token, poll_s=0.2)
 
     def train():
+        with supervisor.clock.stage("weight_sync", 0):  # the start, then steps 1 and 2
+            pass
         with supervisor.clock.stage("save_checkpoint", 2):
             time.sleep(600)  # blocked in C, as a Ray get or a collective would be
 
