@@ -77,8 +77,8 @@ background+=("$assets_build")
 # four, has no room for
 SIDE_E2E_TESTS=(tests/e2e/test_vllm_cpu.py tests/e2e/test_verl_compat_vllm.py tests/e2e/test_multi_turn_cpu.py
   tests/e2e/test_tool_demo_cpu.py)
-# the four stage-deadline runs on the hf rollout (each a start-up, step 1, then a stage that hangs until its 150 s
-# deadline) are split over the three sessions that run verl: at the end of one session they kept it running ~20
+# the four stage-deadline runs on the hf rollout (each a start-up, step 1, then a stage that hangs until its 30 s
+# deadline at step 2) are split over the three sessions that run verl: at the end of one session they kept it running ~20
 # minutes after the other two had ended (docs/testing.md has each session's minutes). Two run after the unit and
 # integration tests, one after the vLLM session's runs, one in the foreground (the vLLM session's one too without it).
 STAGE_DEADLINES=tests/e2e/test_stage_deadlines_cpu.py::test_a_stage_that_hangs_stops_the_run_at_its_deadline
