@@ -162,6 +162,13 @@ def test_the_manifest_records_every_file_and_the_digest_the_build_environment(tm
         mp.setattr(assets_module, "build_environment", lambda: other)
         assert spec.digest() != built.root.name
     assert spec.digest() == built.root.name
+    # a forced kernel path is another digest too (the matrix libraries choose theirs by processor); unset: as before
+    assert "dispatch_env" not in env
+    for name in assets_module.DISPATCH_ENV:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(name, "AVX2")
+            assert assets_module.build_environment()["dispatch_env"] == {name: "AVX2"}
+            assert spec.digest() != built.root.name, name
 
 
 @pytest.mark.parametrize(

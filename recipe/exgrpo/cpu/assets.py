@@ -77,6 +77,11 @@ MANIFEST_KEY = "files"
 # the libraries whose versions decide the bytes (kernels, initialisation, serialisation); numpy is not among them
 # (the build draws from torch's and Python's generators), so the vLLM stack's venv, with another numpy, shares them
 BUILD_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "pyarrow")
+# settings that force a kernel path: torch's own kernels (ATEN_CPU_CAPABILITY, which cpu_capability then reports)
+# and the libraries it calls for matrix products, which pick theirs by processor, not by torch's capability. An
+# AVX-512 machine forced to avx2 reports torch's AVX2 capability yet builds other bytes than an AVX2 machine
+# (measured: the one-turn model passed 0.302 against 0.343), so a forced path is part of the digest.
+DISPATCH_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CACHE_ROOT = REPO_ROOT / ".cache" / "exgrpo-assets"
 CACHE_ENV = "EXGRPO_ASSETS_CACHE"
@@ -165,11 +170,15 @@ def build_environment() -> dict[str, Any]:
             versions[name] = version(name)
         except PackageNotFoundError:
             versions[name] = None
-    return {
+    env = {
         "libraries": versions,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": BUILD_THREADS,
     }
+    forced = {name: os.environ[name] for name in DISPATCH_ENV if os.environ.get(name)}
+    if forced:  # only when set, so that the usual build keeps its digest
+        env["dispatch_env"] = forced
+    return env
 
 
 # The calculator task's warm-up: no answer omits its "</think>" (the one-turn demo's format slip is what its RL
