@@ -17,11 +17,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the tests on the vLLM CPU stack run last (in their own order): scripts/run_tests.sh builds that stack in the
-    # background while the others run
+    # the tests on the vLLM CPU stack run late (in their own order), and those marked ``built_late`` after them:
+    # scripts/run_tests.sh builds that stack, and the models those tests need, in the background while the others run
     on_vllm = [item for item in items if "vllm_python" in getattr(item, "fixturenames", ())]
-    if on_vllm:
-        items[:] = [item for item in items if item not in set(on_vllm)] + on_vllm
+    late = [item for item in items if item.get_closest_marker("built_late") is not None]
+    tail = [item for item in on_vllm if item not in late] + late
+    if tail:
+        items[:] = [item for item in items if item not in set(tail)] + tail
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,8 @@ from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
 from recipe.exgrpo.cpu.demo import read_metrics
 from recipe.exgrpo.cpu.learning_curves import validation_by_source
 
-pytestmark = [pytest.mark.slow]
+# built_late: the test command builds the calculator model in the background once the other two are built
+pytestmark = [pytest.mark.slow, pytest.mark.built_late]
 
 STEPS = 4
 
