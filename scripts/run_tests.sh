@@ -82,12 +82,11 @@ background+=("$assets_build")
 SIDE_E2E_TESTS=(tests/e2e/test_vllm_cpu.py tests/e2e/test_verl_compat_vllm.py tests/e2e/test_multi_turn_cpu.py
   tests/e2e/test_tool_demo_cpu.py)
 # the four stage-deadline runs on the hf rollout (each a start-up, step 1, then a stage that hangs until its 30 s
-# deadline at step 2) are split over the three sessions that run verl: at the end of one session they kept it running ~20
-# minutes after the other two had ended (docs/testing.md has each session's minutes). Two run after the unit and
-# integration tests, one after the vLLM session's runs, one in the foreground (the vLLM session's one too without it).
+# deadline at step 2) are split over the two e2e sessions: two in the foreground, two in the vLLM session (all four
+# in the foreground without the vLLM stack). The unit and integration session, which the calculator model's build
+# in the background slows most, has none (docs/testing.md has each session's minutes).
 STAGE_DEADLINES=tests/e2e/test_stage_deadlines_cpu.py::test_a_stage_that_hangs_stops_the_run_at_its_deadline
-TAIL_E2E_TESTS=("${STAGE_DEADLINES}[generate_hang]" "${STAGE_DEADLINES}[save_block]")
-SIDE_TAIL_E2E_TESTS=("${STAGE_DEADLINES}[reward_sleep]")
+SIDE_TAIL_E2E_TESTS=("${STAGE_DEADLINES}[reward_sleep]" "${STAGE_DEADLINES}[generate_hang]")
 side=()  # name:pid of each background pytest session, printed after the main one in this order
 main_args=()
 if [ $# -eq 0 ]; then
@@ -105,9 +104,8 @@ if [ $# -eq 0 ]; then
     side+=("$name:$!")
   }
   side_session gpu-lock now "$GPU_LOCK_TESTS"
-  side_session unit-integration now tests/unit tests/integration --ignore "$GPU_LOCK_TESTS" "${TAIL_E2E_TESTS[@]}"
+  side_session unit-integration now tests/unit tests/integration --ignore "$GPU_LOCK_TESTS"
   main_args=(tests/e2e --junitxml "$LOGS/main.xml")
-  for t in "${TAIL_E2E_TESTS[@]}"; do main_args+=(--deselect "$t"); done
   if [ "${EXGRPO_VLLM:-1}" != 0 ]; then  # (without the stack they stay in the main session, where they skip)
     # once both tiny models are built: a verl run started while the two warm-ups and the other sessions share the
     # cores saw Ray's node miss ray.init's fixed 30 s start-up deadline (the runs retry that, recipe/exgrpo/cpu/procs.py)
