@@ -113,6 +113,10 @@ def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:g}s"
 
 
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
 def deadline_problems(block: Any) -> list[str]:
     """One line per problem of a ``stage_deadlines`` block (a mapping), each naming its key."""
     if block is None:
@@ -129,22 +133,12 @@ def deadline_problems(block: Any) -> list[str]:
             if not isinstance(value, bool):
                 problems.append(f"{BLOCK}.enable must be true or false, got {value!r}")
         elif key == "first_step_factor":
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(float(value))
-                or float(value) < 1
-            ):
+            if not _finite_number(value) or float(value) < 1:
                 problems.append(
                     f"{BLOCK}.first_step_factor must be a number >= 1 (the first step's deadlines are this many "
                     f"times the others), got {value!r} (default {DEFAULT_FIRST_STEP_FACTOR:g})"
                 )
-        elif value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(float(value))
-            or float(value) <= 0
-        ):
+        elif value is not None and (not _finite_number(value) or float(value) <= 0):
             problems.append(
                 f"{BLOCK}.{key} must be a number of seconds > 0, or null for no deadline, got {value!r} (default "
                 f"{DEFAULT_DEADLINES_S[key[: -len('_s')]]:g})"
