@@ -208,9 +208,8 @@ class StageClock:
             if self._start_step is None:
                 self._start_step = int(step)
             first_step = int(step) <= self._start_step + 1
-        limit = self.deadlines.limit(name, first_step) if self.deadlines is not None else None
-        entry = RunningStage(name, int(step), time.monotonic(), limit, first_step)
-        with self._lock:
+            limit = self.deadlines.limit(name, first_step) if self.deadlines is not None else None
+            entry = RunningStage(name, int(step), time.monotonic(), limit, first_step)
             self._running.append(entry)
         try:
             yield entry

@@ -129,6 +129,24 @@ def test_the_tool_reward_and_the_tool_turn_metrics(tokenizer):
     assert replayed_call["exgrpo/multi_turn/tool_turn_share"] == pytest.approx(1 / 3)
 
 
+def test_rows_with_a_tool_turn_match_the_per_row_definition():
+    """The vectorised check against its definition, one row at a time: a context token (0) before the row's last
+    model token (1); padding after it and rows without a model token do not count."""
+    from recipe.exgrpo.tool_turns import last_model_turn, rows_with_tool_turn
+
+    rng = np.random.default_rng(0)
+    masks = (rng.random((500, 12)) < rng.random((500, 1))).astype(np.int64)
+    masks[:3] = [[0] * 12, [1] * 5 + [0] * 7, [1, 1, 0, 1] + [0] * 8]
+
+    def one(mask):
+        turn = last_model_turn(mask)
+        return turn is not None and not mask[: turn[1]].all()
+
+    expected = np.asarray([one(m) for m in masks])
+    assert list(expected[:3]) == [False, False, True] and 0 < expected.sum() < len(masks)
+    assert (rows_with_tool_turn(masks) == expected).all()
+
+
 def test_the_tool_assets_are_their_own_and_the_call_share_is_part_of_the_digest():
     from recipe.exgrpo.cpu.assets import asset_spec
 
