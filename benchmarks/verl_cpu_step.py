@@ -3,12 +3,18 @@ and on verl's ``vllm`` rollout (the vLLM CPU stack), side by side in one run.
 
 Prints, per rollout, seconds per training step (first step separately: it pays the agent-loop and reward-worker
 warm-up), start-up seconds (launch to the start of step 1: Ray, workers, FSDP, the rollout server and its first
-weight sync), total wall time, the peak resident memory of the whole process tree (driver, Ray, workers, rollout
-server and engine), and the mean time of each phase of a step. The machine's load average is printed too: other
-processes on a small machine inflate every figure. The two rollouts serve different tiny models (vLLM's CPU
-attention needs head size 32, recipe/exgrpo/cpu/assets.py) with the same parameter count and shapes.
+weight sync), total wall time, the CPU seconds of the whole process tree (driver, Ray, workers, rollout server
+and engine: what a run costs a shared machine), its peak resident memory, and the mean time of each phase of a
+step. ``--micro`` compares actor micro-batch sizes (rows per forward/backward; the loss is normalised by the
+mini-batch's totals, so the maths is the same) and ``--threads`` the torch/OpenMP threads of every process of a run
+(default: all cores), each variant run in turn; ``--concurrent 2`` starts that many copies of each variant at
+once (what the test command's sessions do to each other on a small machine) and reports their mean. The machine's
+load average is printed too: other processes on a small machine inflate every figure. The two rollouts serve
+different tiny models (vLLM's CPU attention needs head size 32, recipe/exgrpo/cpu/assets.py) with the same
+parameter count and shapes.
 
-    python benchmarks/verl_cpu_step.py [--rollouts hf,vllm] [--steps 5] [--batch 4] [--n 4] [--timeout 900]
+    python benchmarks/verl_cpu_step.py [--rollouts hf,vllm] [--steps 5] [--batch 4] [--n 4] [--micro 16]
+        [--threads 2] [--concurrent 1] [--timeout 900]
 
 ``vllm`` runs with the interpreter of ``bash scripts/setup_env.sh --vllm`` (``--vllm-python``, default
 ``.venv-vllm/bin/python``).
@@ -24,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +57,14 @@ def _first_line_time(path: Path, stop: threading.Event, seen: dict) -> None:
         time.sleep(0.05)
 
 
-def bench(rollout: str, python: str, args: argparse.Namespace) -> dict:
+def bench(rollout: str, python: str, micro: int, threads: int | None, copy: int, args: argparse.Namespace) -> dict:
     assets = ensure_assets(asset_spec(rollout))
     reward = REPO_ROOT / "tests" / "e2e" / "toy_reward.py"
     with (
         tempfile.TemporaryDirectory(prefix="exg-bench-") as tmp,
         tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as ray_tmp,
     ):
-        out = Path(args.keep) / rollout if args.keep else Path(tmp)
+        out = Path(args.keep) / f"{rollout}_micro{micro}_threads{threads}_{copy}" if args.keep else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         spec = CpuRunSpec(
             model_path=str(assets.model_path),
@@ -68,11 +75,12 @@ def bench(rollout: str, python: str, args: argparse.Namespace) -> dict:
             total_training_steps=args.steps,
             train_batch_size=args.batch,
             rollout_n=args.n,
+            micro_batch_size_per_device=micro,
             lr=1e-3,
             ray_temp_dir=ray_tmp,
             rollout=rollout,
         )
-        env = {**os.environ, **cpu_env(output_dir=out, wall_limit_s=args.timeout)}
+        env = {**os.environ, **cpu_env(output_dir=out, wall_limit_s=args.timeout, threads=threads)}
         metrics = out / "metrics.jsonl"
         stop, seen = threading.Event(), {}
         watcher = threading.Thread(target=_first_line_time, args=(metrics, stop, seen), daemon=True)
@@ -97,12 +105,15 @@ def bench(rollout: str, python: str, args: argparse.Namespace) -> dict:
         later = records[1:] or records
         return {
             "rollout": rollout,
+            "micro": micro,
+            "threads": threads or len(os.sched_getaffinity(0)),
             "steps": len(step_s),
             "responses_per_step": args.batch * args.n,
             "first_step_s": round(step_s[0], 2),
             "s_per_step_after_first": round(statistics.mean(r["data"]["timing_s/step"] for r in later), 2),
             "startup_s": round(seen["t"] - launched - step_s[0], 1) if "t" in seen else None,
             "wall_s": round(result.wall_seconds, 1),
+            "cpu_s": round(result.cpu_seconds, 1),
             "peak_rss_gib": round(result.peak_rss_bytes / 2**30, 2),
             "phase_s_after_first": {
                 name: round(statistics.mean(r["data"].get(f"timing_s/{name}", 0.0) for r in later), 3)
@@ -110,6 +121,22 @@ def bench(rollout: str, python: str, args: argparse.Namespace) -> dict:
             },
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         }
+
+
+def _mean_of(copies: list[dict]) -> dict:
+    """One report of copies run at once: the mean of every figure (``copies``: how many)."""
+    if len(copies) == 1:
+        return {**copies[0], "copies": 1}
+    out = dict(copies[0])
+    for key, value in copies[0].items():
+        if isinstance(value, (int, float)) and key not in ("micro", "threads", "responses_per_step"):
+            values = [c[key] for c in copies if c[key] is not None]
+            out[key] = round(statistics.mean(values), 2) if values else None
+    out["phase_s_after_first"] = {
+        p: round(statistics.mean(c["phase_s_after_first"][p] for c in copies), 3) for p in PHASES
+    }
+    out["copies"] = len(copies)
+    return out
 
 
 def main() -> None:
@@ -121,27 +148,51 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument(
+        "--micro", default="16", help="comma-separated actor micro-batch sizes, each run per rollout (default 16)"
+    )
+    parser.add_argument("--threads", default="", help="comma-separated thread counts per process (default: all cores)")
+    parser.add_argument("--concurrent", type=int, default=1, help="copies of each variant run at once (default 1)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--vllm-python", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--keep", help="keep the run directories under this folder instead of temp dirs")
     args = parser.parse_args()
     rollouts = [r.strip() for r in args.rollouts.split(",") if r.strip()]
+    micros = [int(m) for m in args.micro.split(",") if m.strip()]
+    if not micros or min(micros) < 1:
+        parser.error(f"--micro needs positive sizes, got {args.micro!r}")
+    threads = [int(t) for t in args.threads.split(",") if t.strip()] or [None]
+    if any(t is not None and t < 1 for t in threads) or args.concurrent < 1:
+        parser.error(f"--threads and --concurrent need positive numbers, got {args.threads!r}, {args.concurrent}")
     reports = []
     for rollout in rollouts:
         python = args.vllm_python if rollout == "vllm" else sys.executable
         if rollout == "vllm" and not Path(python).exists():
             raise SystemExit(f"no vLLM CPU stack at {python}: run bash scripts/setup_env.sh --vllm")
-        reports.append(bench(rollout, python, args))
+        for micro in micros:
+            for n_threads in threads:
+                with ThreadPoolExecutor(args.concurrent) as pool:
+                    runs = [
+                        pool.submit(bench, rollout, python, micro, n_threads, copy, args)
+                        for copy in range(args.concurrent)
+                    ]
+                    copies = [run.result() for run in runs]
+                reports.append(_mean_of(copies))
     print(
         f"\nverl main_ppo GRPO on CPU (legacy trainer, tiny model, {args.batch} prompts x {args.n} responses, "
         f"{args.steps} steps, {len(os.sched_getaffinity(0))} cores):"
     )
-    header = f"{'rollout':8} {'start-up s':>10} {'step 1 s':>9} {'s/step after':>13} {'wall s':>7} {'peak RSS GiB':>13}"
+    header = (
+        f"{'rollout':8} {'micro':>5} {'threads':>7} {'copies':>6} {'start-up s':>10} {'step 1 s':>9} "
+        f"{'s/step after':>13} {'wall s':>7} "
+        f"{'CPU s':>7} {'peak RSS GiB':>13}"
+    )
     print(header + "  " + "  ".join(f"{p:>14}" for p in PHASES))
     for r in reports:
         print(
-            f"{r['rollout']:8} {r['startup_s']!s:>10} {r['first_step_s']:>9} {r['s_per_step_after_first']:>13} "
-            f"{r['wall_s']:>7} {r['peak_rss_gib']:>13}  "
+            f"{r['rollout']:8} {r['micro']:>5} {r['threads']:>7} {r['copies']:>6} {r['startup_s']!s:>10} "
+            f"{r['first_step_s']:>9} "
+            f"{r['s_per_step_after_first']:>13} {r['wall_s']:>7} {r['cpu_s']:>7} {r['peak_rss_gib']:>13}  "
             + "  ".join(f"{r['phase_s_after_first'][p]:>14}" for p in PHASES)
         )
     for r in reports:

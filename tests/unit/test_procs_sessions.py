@@ -196,3 +196,20 @@ def test_any_other_failure_is_not_run_again(tmp_path):
     result = run_ray_command_in_new_session(cmd, env={}, timeout_s=60, log_path=tmp_path / "train.log")
     assert result.returncode == 1 and (tmp_path / "n").read_text() == "1"
     assert not list(tmp_path.glob("train.log.ray-startup-*"))
+
+
+# a child that burns 1.5 CPU seconds (whatever the machine's load) and ends, under a parent that only waits
+BURN_IN_A_CHILD = [
+    "bash",
+    "-c",
+    f"{sys.executable} -c 'import time\nwhile time.process_time() < 1.5: pass' & wait; sleep 1",
+]
+
+
+def test_the_run_counts_the_cpu_seconds_of_every_process_of_its_session(tmp_path):
+    busy = run_in_new_session(BURN_IN_A_CHILD, env={}, timeout_s=120, log_path=tmp_path / "busy.log")
+    idle = run_in_new_session(["sleep", "2"], env={}, timeout_s=120, log_path=tmp_path / "idle.log")
+    assert busy.returncode == 0 and idle.returncode == 0
+    # the child's burn is counted though it ended before the session did (the last sample period may be missed)
+    assert 1.0 <= busy.cpu_seconds < 10, busy.cpu_seconds
+    assert idle.cpu_seconds < 0.5, idle.cpu_seconds

@@ -557,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "=" * 100)
     print(describe_run(curve) or "no training steps were logged")
     print(
-        f"\nwall time {result.wall_seconds:.0f} s, peak RSS {result.peak_rss_bytes / 2**30:.2f} GiB, "
+        f"\nwall time {result.wall_seconds:.0f} s, CPU {result.cpu_seconds:.0f} s, "
+        f"peak RSS {result.peak_rss_bytes / 2**30:.2f} GiB, "
         f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}"
     )
     if curve.steps:

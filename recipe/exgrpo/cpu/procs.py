@@ -35,6 +35,9 @@ class RunResult:
     wall_seconds: float
     peak_rss_bytes: int
     log_path: Path
+    # user + system CPU seconds of the session's processes, summed over every process seen by the sampler (one
+    # that lived less than a sampling period is missed): core-seconds, what a run costs a shared machine
+    cpu_seconds: float = 0.0
     # processes of the session still alive a few seconds after the main process ended (before the final kill):
     # non-empty means the run did not clean up its own Ray processes
     leftover_pids: list[int] = field(default_factory=list)
@@ -157,11 +160,15 @@ def run_captured(
     return subprocess.CompletedProcess(list(cmd), proc.returncode, stdout, stderr)
 
 
-def _session_rss(sid: int) -> int:
+def _session_sample(sid: int, cpu: dict[int, float]) -> int:
+    """The session's resident memory now; records each process's CPU seconds so far in ``cpu`` (pid -> s)."""
     total = 0
     for proc in session_processes(sid):
         try:
-            total += proc.memory_info().rss
+            with proc.oneshot():
+                total += proc.memory_info().rss
+                times = proc.cpu_times()
+            cpu[proc.pid] = times.user + times.system
         except psutil.Error:
             continue
     return total
@@ -183,6 +190,7 @@ def run_in_new_session(
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     peak = [0]
+    cpu: dict[int, float] = {}
     stop = threading.Event()
     start = time.perf_counter()
     with open(log_path, "wb") as log:
@@ -194,7 +202,7 @@ def run_in_new_session(
 
         def sample() -> None:
             while not stop.is_set():
-                peak[0] = max(peak[0], _session_rss(sid))
+                peak[0] = max(peak[0], _session_sample(sid, cpu))
                 stop.wait(sample_rss_every_s)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -225,6 +233,7 @@ def run_in_new_session(
         peak_rss_bytes=peak[0],
         log_path=log_path,
         leftover_pids=leftovers,
+        cpu_seconds=sum(cpu.values()),
     )
 
 
