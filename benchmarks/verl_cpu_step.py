@@ -64,7 +64,7 @@ def bench(rollout: str, python: str, micro: int, threads: int | None, copy: int,
         tempfile.TemporaryDirectory(prefix="exg-bench-") as tmp,
         tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as ray_tmp,
     ):
-        out = Path(args.keep) / f"{rollout}_micro{micro}_threads{threads}_{copy}" if args.keep else Path(tmp)
+        out = Path(args.keep) / f"{rollout}_micro{micro}_threads{threads or 'all'}_{copy}" if args.keep else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         spec = CpuRunSpec(
             model_path=str(assets.model_path),
