@@ -87,6 +87,7 @@ def main() -> None:
     if args.every <= 0:
         parser.error(f"--every must be positive, got {args.every}")
 
+    # everything already running (this process and its sampler included) is left out
     before = {(p.info["pid"], p.info["create_time"]) for p in psutil.process_iter(["pid", "create_time"])}
     seen: dict[tuple, dict] = {}
     stop = threading.Event()
@@ -99,8 +100,6 @@ def main() -> None:
         wall = time.perf_counter() - started
         stop.set()
         sampler.join(timeout=30)
-    own = (os.getpid(), psutil.Process().create_time())
-    seen.pop(own, None)
 
     by_kind: dict[str, list[float]] = defaultdict(list)
     for entry in seen.values():
@@ -115,7 +114,7 @@ def main() -> None:
     for kind, values in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[: args.top]:
         values.sort()
         print(
-            f"{kind[:48]:48} {len(values):>9} {sum(values):>8.1f} {sum(values) / total:>6.1%} "
+            f"{kind[:48]:48} {len(values):>9} {sum(values):>8.1f} {sum(values) / max(total, 1e-9):>6.1%} "
             f"{values[len(values) // 2]:>20.1f}"
         )
     if args.json:
