@@ -59,7 +59,11 @@ def kind_of(cmdline: str) -> str:
     return f"other: {os.path.basename(exe)}"
 
 
-def sample(seen: dict[int, dict], before: set[int], stop: threading.Event, every_s: float) -> None:
+#: a process: (pid, creation time), so that a reused pid is another process
+ProcessKey = tuple[int, float]
+
+
+def sample(seen: dict[ProcessKey, dict], before: set[ProcessKey], stop: threading.Event, every_s: float) -> None:
     while not stop.is_set():
         for proc in psutil.process_iter(["pid", "cmdline", "cpu_times", "create_time"]):
             info = proc.info
@@ -89,7 +93,7 @@ def main() -> None:
 
     # everything already running (this process and its sampler included) is left out
     before = {(p.info["pid"], p.info["create_time"]) for p in psutil.process_iter(["pid", "create_time"])}
-    seen: dict[tuple, dict] = {}
+    seen: dict[ProcessKey, dict] = {}
     stop = threading.Event()
     sampler = threading.Thread(target=sample, args=(seen, before, stop, args.every), daemon=True)
     started = time.perf_counter()
