@@ -29,7 +29,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
 
 #: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
 #: figures, the replayed members' reward, collection)
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the interpreter of the vLLM CPU stack (--rollout vllm)",
     )
     args = parser.parse_args(argv)
-    from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
-    from recipe.exgrpo.cpu.procs import install_termination_handlers
+    from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
+    from recipe.exgrpo.harness.procs import install_termination_handlers
 
     install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
 

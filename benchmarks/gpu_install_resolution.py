@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from recipe.exgrpo.tools.env_check import GPU_LOCK, locked_versions, parse_lock, read_lock  # noqa: E402
+from recipe.exgrpo.launch_checks.env_check import GPU_LOCK, locked_versions, parse_lock, read_lock  # noqa: E402
 
 PLATFORM = "x86_64-manylinux_2_28"
 

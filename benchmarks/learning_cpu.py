@@ -3,7 +3,7 @@
     python benchmarks/learning_cpu.py [--out outputs/learning_cpu] [--seeds 1,2,3] [--arms grpo,exgrpo,...]
 
 The protocol is fixed here, before running (module constants below): both arms use the CPU demo's settings
-(``recipe.exgrpo.cpu.demo.DEMO_SETTINGS``: model, data, batch, K, learning rate, validation) with the same seeds;
+(``recipe.exgrpo.harness.demo.DEMO_SETTINGS``: model, data, batch, K, learning rate, validation) with the same seeds;
 the only difference is ``exgrpo.enable`` (on-policy GRPO = false, through the same trainer). For the same number
 of steps ExGRPO *generates* fewer responses (K−1 for a replayed question instead of K), so the comparison never
 favours it on generation budget; the table lists the responses each arm generated.
@@ -31,8 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from exgrpo.modes import DEFAULT_REWARD_MODE  # noqa: E402
-from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch_or_reuse  # noqa: E402
-from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
+from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse  # noqa: E402
+from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     markdown_table,
     plot_arms,
     run_curve,
@@ -49,11 +49,13 @@ ARMS: dict[str, tuple[bool, list[str]]] = {
     "exgrpo_no_shaping": (True, ["exgrpo.shaping=none"]),  # replayed tokens weighted by the plain ratio w
     "exgrpo_rho_0.25": (True, ["exgrpo.replay_ratio=0.25"]),  # a quarter of each batch replayed instead of half
     "exgrpo_tau_0.5": (True, ["exgrpo.delayed_start_threshold=0.5"]),  # replay starts later
-    # the continuous reward mode (docs/algorithm.md §13) on the toy partial credit (recipe/exgrpo/cpu/partial_credit.py)
+    # the continuous reward mode (docs/algorithm.md §13) on the toy partial credit
+    # (recipe/exgrpo/harness/partial_credit.py)
     "grpo_continuous": (False, []),
     "exgrpo_continuous": (True, []),
 }
-#: Settings of the CPU run (recipe/exgrpo/cpu/demo.py:ExGRPOCpuRun fields) that an arm changes besides its overrides.
+#: Settings of the CPU run (recipe/exgrpo/harness/demo.py:ExGRPOCpuRun fields) that an arm changes besides its
+#: overrides.
 ARM_RUN_SETTINGS: dict[str, dict] = {
     "grpo_continuous": {"reward_mode": "continuous"},
     "exgrpo_continuous": {"reward_mode": "continuous"},
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--arms: unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from recipe.exgrpo.cpu.assets import ensure_assets
+    from recipe.exgrpo.harness.assets import ensure_assets
 
     assets = ensure_assets()
     k = DEMO_SETTINGS["rollout_n"]

@@ -37,7 +37,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("Ray: worker not yet an actor", r"default_worker\.py|setup_worker\.py"),
     ("vLLM engine core (spawned)", r"multiprocessing\.spawn"),
     ("verl driver (main_exgrpo, main_ppo)", r"-m (recipe\.exgrpo\.main_exgrpo|verl\.trainer\.main_ppo)\b"),
-    ("tiny model builds (cpu.assets)", r"-m recipe\.exgrpo\.cpu\.assets\b"),
+    ("tiny model builds (harness.assets)", r"-m recipe\.exgrpo\.harness\.assets\b"),
     ("dry runs (recipe.exgrpo.dry_run)", r"-m recipe\.exgrpo\.(tools\.)?dry_run\b"),
     ("pytest", r"-m pytest\b|/pytest(\s|$)"),
     ("venv builds: bytecode", r"-m compileall\b"),

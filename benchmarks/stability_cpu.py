@@ -55,8 +55,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
-from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
+from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
+from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
     area_under_curve,
     band,
@@ -76,7 +76,7 @@ class Regime:
     """How a regime changes the demo's settings (the same for every arm)."""
 
     why: str
-    settings: dict[str, Any] = field(default_factory=dict)  # fields of recipe.exgrpo.cpu.demo.ExGRPOCpuRun
+    settings: dict[str, Any] = field(default_factory=dict)  # fields of recipe.exgrpo.harness.demo.ExGRPOCpuRun
     overrides: tuple[str, ...] = ()  # hydra overrides
 
 
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     assets = None
     if not args.report_only:
-        from recipe.exgrpo.cpu.assets import ensure_assets
+        from recipe.exgrpo.harness.assets import ensure_assets
 
         assets = ensure_assets()
     records: list[RunRecord] = []

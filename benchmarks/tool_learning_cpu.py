@@ -5,7 +5,7 @@
 
 The protocol is fixed here, before running (module constants below): both arms run the CPU tool demo
 (``python -m recipe.exgrpo.cpu_demo --tools``: the demo's settings, verl's tool agent loop with the calculator, the
-tiny model taught the call in its warm-up, recipe/exgrpo/cpu/tool_task.py) with the same seeds; the only difference
+tiny model taught the call in its warm-up, recipe/exgrpo/harness/tool_task.py) with the same seeds; the only difference
 is ``exgrpo.enable`` (on-policy GRPO = false, through the same trainer). Seed s of one arm and seed s of the other
 start from the same model, data order and validation sampling, so the comparison is paired: the table gives each
 seed's difference and their mean ± std.
@@ -38,8 +38,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from recipe.exgrpo.cpu.demo import DEMO_SETTINGS, demo_run, launch_or_reuse, tool_run  # noqa: E402
-from recipe.exgrpo.cpu.learning_curves import (  # noqa: E402
+from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse, tool_run  # noqa: E402
+from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
     area_under_curve,
     band,
@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds: the comparison needs at least two seeds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
-    from recipe.exgrpo.cpu.procs import install_termination_handlers
+    from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
+    from recipe.exgrpo.harness.procs import install_termination_handlers
 
     install_termination_handlers()
     if args.call_share is not None and not 0.0 <= args.call_share <= 1.0:

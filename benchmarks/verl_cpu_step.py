@@ -10,7 +10,7 @@ mini-batch's totals, so the maths is the same) and ``--threads`` the torch/OpenM
 (default: all cores), each variant run in turn; ``--concurrent 2`` starts that many copies of each variant at
 once (what the test command's sessions do to each other on a small machine) and reports their mean. The machine's
 load average is printed too: other processes on a small machine inflate every figure. The two rollouts serve
-different tiny models (vLLM's CPU attention needs head size 32, recipe/exgrpo/cpu/assets.py) with the same
+different tiny models (vLLM's CPU attention needs head size 32, recipe/exgrpo/harness/assets.py) with the same
 parameter count and shapes.
 
     python benchmarks/verl_cpu_step.py [--rollouts hf,vllm] [--steps 5] [--batch 4] [--n 4] [--micro 16]
@@ -37,9 +37,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from recipe.exgrpo.cpu import CPU_ROLLOUTS  # noqa: E402
-from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets  # noqa: E402
-from recipe.exgrpo.cpu.procs import install_termination_handlers, run_in_new_session  # noqa: E402
 from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides  # noqa: E402
+from recipe.exgrpo.harness.assets import asset_spec, ensure_assets  # noqa: E402
+from recipe.exgrpo.harness.procs import install_termination_handlers, run_in_new_session  # noqa: E402
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
 

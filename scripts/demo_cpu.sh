@@ -3,7 +3,7 @@
 # Sets up .venv on first use, builds (once, cached) the tiny warmed-up model and the toy arithmetic data
 # (easy/medium/hard), runs ExGRPO for 60 steps printing one line per step (verl's full log goes to
 # outputs/cpu_demo/train.log), and ends with a summary and a PNG learning curve (validation accuracy per
-# difficulty, batch pass rate, pool size, replayed share). Extra arguments go to recipe.exgrpo.cpu.demo
+# difficulty, batch pass rate, pool size, replayed share). Extra arguments go to recipe.exgrpo.harness.demo
 # (e.g. --seed 2, --onpolicy, --steps 30, --verbose, exgrpo.replay_ratio=0.25). docs/learning.md has the figures.
 # --rollout vllm runs it on verl's vLLM rollout instead of the Hugging Face stand-in: it sets up the vLLM CPU stack
 # in .venv-vllm on first use (about 7 minutes, 4.1 GB) and writes to outputs/cpu_demo_vllm (docs/cpu_backend.md).

@@ -63,14 +63,14 @@ ASSETS_STATUS="$LOGS/assets.status"  # the build's exit code, once both ended
 rm -f "$ASSETS_STATUS"
 (
   rc=0
-  "$PY" -m recipe.exgrpo.cpu.assets --rollout hf >"$LOGS/assets-hf.log" 2>&1 &
+  "$PY" -m recipe.exgrpo.harness.assets --rollout hf >"$LOGS/assets-hf.log" 2>&1 &
   hf_build=$!
-  "$PY" -m recipe.exgrpo.cpu.assets --rollout vllm >"$LOGS/assets-vllm.log" 2>&1 &
+  "$PY" -m recipe.exgrpo.harness.assets --rollout vllm >"$LOGS/assets-vllm.log" 2>&1 &
   vllm_build=$!
   wait "$hf_build" || rc=$?
   wait "$vllm_build" || rc=$?
   echo "$rc" >"$ASSETS_STATUS"
-  "$PY" -m recipe.exgrpo.cpu.assets --rollout hf --tools >"$LOGS/assets-tools.log" 2>&1 || rc=$?
+  "$PY" -m recipe.exgrpo.harness.assets --rollout hf --tools >"$LOGS/assets-tools.log" 2>&1 || rc=$?
   exit "$rc"
 ) &
 assets_build=$!
@@ -108,7 +108,7 @@ if [ $# -eq 0 ]; then
   main_args=(tests/e2e --junitxml "$LOGS/main.xml")
   if [ "${EXGRPO_VLLM:-1}" != 0 ]; then  # (without the stack they stay in the main session, where they skip)
     # once both tiny models are built: a verl run started while the two warm-ups and the other sessions share the
-    # cores saw Ray's node miss ray.init's fixed 30 s start-up deadline (the runs retry that, recipe/exgrpo/cpu/procs.py)
+    # cores saw Ray's node miss ray.init's fixed 30 s start-up deadline (the runs retry that, recipe/exgrpo/harness/procs.py)
     side_session vllm-multi-turn assets "${SIDE_E2E_TESTS[@]}" "${SIDE_TAIL_E2E_TESTS[@]}"
     for f in "${SIDE_E2E_TESTS[@]}"; do main_args+=(--ignore "$f"); done
     for t in "${SIDE_TAIL_E2E_TESTS[@]}"; do main_args+=(--deselect "$t"); done

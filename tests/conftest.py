@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from recipe.exgrpo.cpu.procs import install_termination_handlers
+from recipe.exgrpo.harness.procs import install_termination_handlers
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "data" / "benchmarks"

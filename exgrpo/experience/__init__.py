@@ -6,7 +6,9 @@ of components (entry table, token storage, bucket index, collection rules); docs
 
 from exgrpo.experience.arena import ArenaStorage
 from exgrpo.experience.buckets import BucketIndex
+from exgrpo.experience.collection import CollectionRules
 from exgrpo.experience.entries import EntryTable
+from exgrpo.experience.experience_pool import ExperiencePool
 from exgrpo.experience.persistence import (
     SCHEMA_VERSION,
     PoolCheckpointError,
@@ -14,7 +16,6 @@ from exgrpo.experience.persistence import (
     load_experience,
     save_experience,
 )
-from exgrpo.experience.pool import ExperiencePool
 from exgrpo.experience.records import Candidate, CollectStats, Group, GroupMember, QuestionId, is_success
 from exgrpo.experience.sampler import (
     BUCKET_WEIGHTINGS,
@@ -39,7 +40,6 @@ from exgrpo.experience.selection import (
     trajectory_scores,
 )
 from exgrpo.experience.storage import PerEntryStorage, TokenStorage
-from exgrpo.experience.writer import CollectionRules
 
 __all__ = [
     "BUCKET_WEIGHTINGS",

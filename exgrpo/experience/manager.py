@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from exgrpo.config import ExGRPOConfig
+from exgrpo.experience.experience_pool import ExperiencePool
 from exgrpo.experience.persistence import load_experience, save_experience
-from exgrpo.experience.pool import ExperiencePool
 from exgrpo.experience.records import Candidate, Group, GroupMember, QuestionId
 from exgrpo.experience.sampler import BucketSampler
 from exgrpo.experience.selection import (

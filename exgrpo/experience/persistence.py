@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from exgrpo.experience.experience_pool import DATA_FILES, TOKENS_FILE, ExperiencePool
 from exgrpo.experience.files import PoolCheckpointError
-from exgrpo.experience.pool import DATA_FILES, TOKENS_FILE, ExperiencePool
 from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, LOSS_MASK_KEY, read_token_batches
 from exgrpo.modes.base import saved_mode_name
 

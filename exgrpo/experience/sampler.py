@@ -32,7 +32,7 @@ from exgrpo.experience.weightings import (
 
 if TYPE_CHECKING:
     from exgrpo.config import ExGRPOConfig
-    from exgrpo.experience.pool import ExperiencePool
+    from exgrpo.experience.experience_pool import ExperiencePool
 
 __all__ = [
     "BUCKET_WEIGHTINGS",  # the registry lives in exgrpo.experience.weightings; re-exported here

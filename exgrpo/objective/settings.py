@@ -53,7 +53,8 @@ class LossSettings:
     dual_clip: bool = _CONFIG_DEFAULTS.dual_clip
     weight_terms_by_ratio: bool = _CONFIG_DEFAULTS.weight_terms_by_ratio
     loss_scale: str = _CONFIG_DEFAULTS.loss_scale
-    #: applied by the engine hook (recipe/exgrpo/engines.py), not by the loss; carried so the loss can check it
+    #: applied by the engine hook (recipe/exgrpo/runtime/grad_norm_guard.py), not by the loss; carried so the loss
+    #: can check it
     skip_grad_norm_above: float | None = _CONFIG_DEFAULTS.skip_grad_norm_above
     # ---- verl's actor config (actor_rollout_ref.actor.*), filled by the adapter at each call (with_actor)
     loss_agg_mode: str = "token-mean"

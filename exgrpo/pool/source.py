@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from exgrpo.experience.experience_pool import DATA_FILES
 from exgrpo.experience.persistence import HEADER, experience_exists
-from exgrpo.experience.pool import DATA_FILES
 
 __all__ = ["Checkpoint", "InputError", "find_checkpoints", "load_tokenizer", "resolve_pool_dir"]
 

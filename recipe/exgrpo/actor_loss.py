@@ -46,7 +46,7 @@ def with_actor_config(settings: LossSettings, config) -> LossSettings:
     )
 
 
-ENGINES_MODULE = "recipe.exgrpo.engines"
+ENGINES_MODULE = "recipe.exgrpo.runtime.grad_norm_guard"
 _HOOK_CHECKED: set[float] = set()
 
 
@@ -57,7 +57,7 @@ def _check_grad_norm_hook(bound: float) -> None:
     # Look the hook up before importing the checker: it counts only if verl's import loaded it (this import,
     # coming late, would wrap the engine registry after the engine was built).
     modules = {ENGINES_MODULE: sys.modules.get(ENGINES_MODULE)}
-    from recipe.exgrpo.engines import check_installed
+    from recipe.exgrpo.runtime.grad_norm_guard import check_installed
 
     check_installed(bound, modules)
     _HOOK_CHECKED.add(bound)

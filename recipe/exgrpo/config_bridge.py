@@ -298,8 +298,8 @@ def reward_model_problems(config) -> list[str]:
 
 
 def stage_deadline_problems(config) -> list[str]:
-    """The problems of the ``stage_deadlines`` block (recipe/exgrpo/stage_deadlines.py), each naming its key."""
-    from recipe.exgrpo.stage_deadlines import BLOCK, deadline_problems
+    """The problems of the ``stage_deadlines`` block (recipe/exgrpo/runtime/stage_deadlines.py), each naming its key."""
+    from recipe.exgrpo.runtime.stage_deadlines import BLOCK, deadline_problems
 
     raw = OmegaConf.select(config, BLOCK, default=None)
     return deadline_problems(OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw)

@@ -4,7 +4,7 @@ The config is verl's ``ppo_trainer`` plus one ``exgrpo:`` block (config/exgrpo_t
 validated here, before Ray starts, so a wrong value stops the run at once with the key and allowed range; so are
 the verl settings the recipe would otherwise accept and ignore (``algorithm.adv_estimator``, ``use_kl_loss``, ...:
 ``recipe/exgrpo/config_bridge.py``, docs/trainer.md). The Ray job carries the recipe's code to every worker and
-checks, once Ray is up and before the trainer starts, that every node imports it (``recipe/exgrpo/ray_job.py``).
+checks, once Ray is up and before the trainer starts, that every node imports it (``recipe/exgrpo/runtime/ray_job.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def prepare_config(config, run_token: str | None = None) -> None:
     ``run_token``, the stage watchdog's: :func:`install_stage_watch`), merged with a submitted job's own
     (``ray_job.merge_job_runtime_env``)."""
     from recipe.exgrpo.config_bridge import check_startup_config
-    from recipe.exgrpo.ray_job import merge_job_runtime_env, ship_code
+    from recipe.exgrpo.runtime.ray_job import merge_job_runtime_env, ship_code
 
     with open_dict(config):
         # with a reward model and no reward function, verl's reward loop scores with the model: leave it so
@@ -64,7 +64,7 @@ def install_worker_env(config, skip_grad_norm_above: float | None) -> None:
     ``ray_kwargs.ray_init.runtime_env.env_vars`` reaches every Ray process of the job, on one node or many;
     values the user set there are kept, except that our module is appended to ``VERL_USE_EXTERNAL_MODULES``.
     """
-    from recipe.exgrpo.engines import EXTERNAL_MODULES_ENV, worker_env
+    from recipe.exgrpo.runtime.grad_norm_guard import EXTERNAL_MODULES_ENV, worker_env
 
     env = worker_env(skip_grad_norm_above)
     if not env:
@@ -91,12 +91,12 @@ def _runtime_env_vars(config):
 
 def install_stage_watch(config, run_token: str) -> None:
     """With the stage deadlines on (``stage_deadlines.enable``): the run's token and the stack-dump module
-    (``recipe/exgrpo/stacks.py``, appended to ``VERL_USE_EXTERNAL_MODULES``) in every Ray worker's environment, so
-    the watchdog can dump the stacks of every process of the run and find them all
-    (recipe/exgrpo/stage_deadlines.py)."""
-    from recipe.exgrpo import stacks
-    from recipe.exgrpo.engines import EXTERNAL_MODULES_ENV
-    from recipe.exgrpo.stage_deadlines import deadlines_from_config
+    (``recipe/exgrpo/runtime/stacks.py``, appended to ``VERL_USE_EXTERNAL_MODULES``) in every Ray worker's
+    environment, so the watchdog can dump the stacks of every process of the run and find them all
+    (recipe/exgrpo/runtime/stage_deadlines.py)."""
+    from recipe.exgrpo.runtime import stacks
+    from recipe.exgrpo.runtime.grad_norm_guard import EXTERNAL_MODULES_ENV
+    from recipe.exgrpo.runtime.stage_deadlines import deadlines_from_config
 
     if not deadlines_from_config(config).enable:
         return
@@ -166,8 +166,8 @@ class ExGRPOTaskRunner(BaseTaskRunner):
         """Build and train the trainer under the stage watchdog (``stage_deadlines.StageSupervisor``): a stage
         that passes its deadline stops the run with ``StageDeadlineError``. ``driver``, ``run_token``: from the
         driver (its node and pid; the token its processes carry), for the stacks and the stop."""
-        from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer
-        from recipe.exgrpo.stage_deadlines import StageSupervisor, deadlines_from_config
+        from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer
+        from recipe.exgrpo.runtime.stage_deadlines import StageSupervisor, deadlines_from_config
 
         print(f"ExGRPOTaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
         pprint(OmegaConf.to_container(config, resolve=True))
@@ -189,9 +189,13 @@ def run_stage_watched(config, run_token: str) -> None:
     """verl's ``run_ppo`` with the recipe's task runner; a ``StageDeadlineError`` of the task runner ends the run:
     Ray is shut down, what is left of the run on this node is stopped, the step's incomplete checkpoint removed
     (again, now that nothing writes to it), and the driver exits 1 with the error's message."""
-    from recipe.exgrpo import stacks
-    from recipe.exgrpo.ray_job import CheckedTaskRunner, driver_info
-    from recipe.exgrpo.stage_deadlines import StageDeadlineError, deadlines_from_config, remove_partial_checkpoint
+    from recipe.exgrpo.runtime import stacks
+    from recipe.exgrpo.runtime.ray_job import CheckedTaskRunner, driver_info
+    from recipe.exgrpo.runtime.stage_deadlines import (
+        StageDeadlineError,
+        deadlines_from_config,
+        remove_partial_checkpoint,
+    )
 
     watched = deadlines_from_config(config).enable
     if watched:

@@ -34,7 +34,7 @@ from verl.utils.model import compute_position_id_with_mask
 
 from exgrpo.advantage import experience_group_rows
 from exgrpo.experience import masks
-from exgrpo.experience.pool import Candidate, GroupMember
+from exgrpo.experience.experience_pool import Candidate, GroupMember
 from exgrpo.experience.selection import CandidateTokenStats, SelectedTrajectory
 from recipe.exgrpo.dataset import QUESTION_ID_KEY
 

@@ -33,7 +33,7 @@ RM_GPU_MEMORY="${RM_GPU_MEMORY:-0.5}"
 [[ "$NODE_GPUS" =~ ^[1-9][0-9]*$ ]] || exgrpo_die "N_GPUS_PER_NODE must be a positive integer, got '$NODE_GPUS'"
 exgrpo_positive_int RM_TP
 [[ "$RM_GPUS_PER_NODE" =~ ^[0-9]+$ ]] || exgrpo_die "RM_GPUS_PER_NODE must be 0 (colocated) or a GPU count"
-# the dry run checks that the actor's GPUs and the reward model's add up to the nodes' (recipe/exgrpo/tools/dry_run/)
+# the dry run checks that the actor's GPUs and the reward model's add up to the nodes' (recipe/exgrpo/launch_checks/dry_run/)
 export EXGRPO_GPUS_PER_NODE="$NODE_GPUS"
 if ((RM_GPUS_PER_NODE > 0)); then
   ((RM_GPUS_PER_NODE < NODE_GPUS)) ||

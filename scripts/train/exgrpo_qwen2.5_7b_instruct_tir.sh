@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ExGRPO with tool-integrated reasoning (TIR; ours, not a paper row): Qwen2.5-7B-Instruct solves the OpenR1-Math
 # questions writing Python that a sandboxed tool runs (recipe/exgrpo/agent_tools/python_tool.py, the tool "python":
-# every call a fresh confined process, exgrpo/sandbox.py), through verl's tool agent loop. The recipe stores and
+# every call a fresh confined process, exgrpo/sandbox/runner.py), through verl's tool agent loop. The recipe stores and
 # replays the whole exchanges, tool answers included, with their loss masks (docs/algorithm.md §14). Every other
 # setting is the instruct run's (scripts/train/exgrpo_qwen2.5_7b_instruct.sh: 500 steps, the released
 # hyperparameters of docs/algorithm.md §11) except the ones marked below (docs/launch_scripts.md, "Tool-integrated
@@ -15,7 +15,7 @@
 # routes each row to verl's tool agent loop. The tool's schema is not in the data: verl passes it to the chat
 # template, and Qwen2.5's writes it into the system prompt with the hermes format <tool_call>{json}</tool_call>.
 #
-# The sandbox's limits (exgrpo/sandbox.py, SandboxLimits.from_env; any other EXGRPO_SANDBOX_* variable set here is
+# The sandbox's limits (exgrpo/sandbox/runner.py, SandboxLimits.from_env; any other EXGRPO_SANDBOX_* variable set here is
 # passed on as well, e.g. EXGRPO_SANDBOX_CPU_S):
 #   EXGRPO_SANDBOX_TIMEOUT_S          wall-clock seconds per call (default 10)
 #   EXGRPO_SANDBOX_MEMORY_MB          address space per call, MB (default 512)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu.assets import Assets, ensure_assets
-from recipe.exgrpo.cpu.procs import RunResult, run_ray_command_in_new_session
+from recipe.exgrpo.harness.assets import Assets, ensure_assets
+from recipe.exgrpo.harness.procs import RunResult, run_ray_command_in_new_session
 
 E2E_DIR = Path(__file__).resolve().parent
 TOY_REWARD = E2E_DIR / "toy_reward.py"
@@ -137,6 +137,6 @@ def vllm_python(repo_root: Path) -> str:
 @pytest.fixture(scope="session")
 def vllm_assets() -> Assets:
     """The tiny model with vLLM's CPU attention head size (32), warmed up like the default one, and the toy data."""
-    from recipe.exgrpo.cpu.assets import asset_spec
+    from recipe.exgrpo.harness.assets import asset_spec
 
     return ensure_assets(asset_spec("vllm"))

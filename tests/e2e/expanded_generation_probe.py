@@ -1,6 +1,6 @@
 """Check on the real stack (CPU backend, Ray, hf rollout) that generation with per-prompt sample counts works.
 
-``recipe.exgrpo.generation.generate_with_counts`` is the trainer's generation (K samples per fresh prompt, K−1
+``recipe.exgrpo.legacy.generation.generate_with_counts`` is the trainer's generation (K samples per fresh prompt, K−1
 per replayed one); this script runs it once through a legacy ``RayPPOTrainer`` built as verl's task runner builds
 it, and writes a JSON report (group sizes, aligned prompts, non-empty responses, the fields verl adds)::
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from recipe.exgrpo import verl_compat
-from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
+from recipe.exgrpo.legacy.generation import expand_by_counts, generate_with_counts
 
 
 def _build_trainer(cfg: Any) -> Any:
@@ -45,13 +45,13 @@ def run_probe(out_dir: Path, counts: list[int], wall_limit_s: float) -> dict[str
     from verl.trainer import main_ppo
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    from recipe.exgrpo.cpu.assets import ensure_assets
     from recipe.exgrpo.cpu.run_config import (
         CpuRunSpec,
         cpu_overrides,
         start_wall_clock_watchdog,
         validate_cpu_run_config,
     )
+    from recipe.exgrpo.harness.assets import ensure_assets
 
     start_wall_clock_watchdog(wall_limit_s)
     assets = ensure_assets()

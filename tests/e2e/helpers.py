@@ -11,9 +11,9 @@ from pathlib import Path
 
 import psutil
 
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch
-from recipe.exgrpo.cpu.procs import RunResult
 from recipe.exgrpo.cpu.run_config import CpuRunSpec
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch
+from recipe.exgrpo.harness.procs import RunResult
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo.config import ExGRPOConfig
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, read_metrics
 from tests.e2e.helpers import assert_resume_repeats_the_next_draw, launch_ok, read_trace
 
 pytestmark = [pytest.mark.slow]

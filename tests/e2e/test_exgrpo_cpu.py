@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, read_metrics
 from tests.e2e.helpers import assert_resume_repeats_the_next_draw, assert_same_metrics, launch_ok, read_trace
 
 pytestmark = [pytest.mark.slow]

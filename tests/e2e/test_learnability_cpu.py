@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, read_metrics
 from tests.e2e.helpers import launch_ok
 
 pytestmark = [pytest.mark.slow]

@@ -25,7 +25,7 @@ import pytest
 
 from exgrpo.config import ExGRPOConfig
 from exgrpo.experience.manager import ExperienceManager
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
 from tests.e2e.tool_assets import TOOL_REWARD, build_tool_assets, multi_turn_overrides
 
 pytestmark = [pytest.mark.slow]

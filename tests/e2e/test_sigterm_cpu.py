@@ -1,6 +1,6 @@
 """SIGTERM to a pytest that runs a real verl run (slow): the run's whole session (driver, Ray's GCS and raylet,
 its workers) is gone when pytest has exited, not left to the run's own wall-clock watchdog (tests/conftest.py
-installs the handler of recipe/exgrpo/cpu/procs.py). The pytest runs tests/e2e/sigterm_target.py and is terminated
+installs the handler of recipe/exgrpo/harness/procs.py). The pytest runs tests/e2e/sigterm_target.py and is terminated
 once Ray is up."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.exgrpo.cpu.procs import new_session
+from recipe.exgrpo.harness.procs import new_session
 from tests.e2e.helpers import ray_started, run_processes, wait_none_left
 
 TARGET = Path(__file__).resolve().with_name("sigterm_target.py")

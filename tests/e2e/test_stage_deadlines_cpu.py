@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
 
 pytestmark = [pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """The CPU demo's calculator task end to end (slow): ``python -m recipe.exgrpo.cpu_demo --tools``, as a user runs
 it, through verl's real trainer and tool agent loop with the calculator function tool
 (recipe/exgrpo/agent_tools/calculator.py) on the tiny model whose warm-up taught the call
-(recipe/exgrpo/cpu/tool_task.py).
+(recipe/exgrpo/harness/tool_task.py).
 
 A short run (4 steps, validation before training and after the last step) must: print the warmed-up model's call
 rate per level, a "tool calls" figure on every step line and the validation's call rate per level; log
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
-from recipe.exgrpo.cpu.demo import read_metrics
-from recipe.exgrpo.cpu.learning_curves import validation_by_source
+from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
+from recipe.exgrpo.harness.demo import read_metrics
+from recipe.exgrpo.harness.learning_curves import validation_by_source
 
 # built_late: the test command builds the calculator model in the background once the other two are built
 pytestmark = [pytest.mark.slow, pytest.mark.built_late]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu.demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
 from tests.e2e.helpers import assert_ran, assert_resume_repeats_the_next_draw, read_jsonl, read_trace
 
 pytestmark = [pytest.mark.slow]
@@ -191,7 +191,7 @@ def test_evaluation_on_vllm_survives_a_sigkill_and_resumes(tmp_path, vllm_python
     import time
 
     from exgrpo.eval.generate import read_generations
-    from recipe.exgrpo.cpu.procs import new_session, run_captured
+    from recipe.exgrpo.harness.procs import new_session, run_captured
 
     out = tmp_path / "eval"
     generations = out / "generations" / f"{vllm_assets.val_file.stem}.jsonl"

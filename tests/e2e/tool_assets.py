@@ -10,7 +10,7 @@ verl's own: the tool agent loop, the hermes parser (it decodes the turn and read
 loader (:data:`TOOL_FILE`), the Qwen continuous-token builder that appends the tool's answer as context tokens
 (mask 0) between the model's turns.
 
-``build_tool_assets(base, out)`` writes an asset directory in the layout of ``recipe.exgrpo.cpu.assets.Assets``
+``build_tool_assets(base, out)`` writes an asset directory in the layout of ``recipe.exgrpo.harness.assets.Assets``
 (``model/``, ``data/train.parquet``, ``data/val.parquet``; every row's ``agent_name`` is ``tool_agent``).
 """
 
@@ -65,8 +65,8 @@ def tool_data(src: Path, dst: Path) -> None:
 
 
 def build_tool_assets(base, out: Path):
-    """The assets of ``base`` (``recipe.exgrpo.cpu.assets.Assets``) for a multi-turn run, written under ``out``."""
-    from recipe.exgrpo.cpu.assets import Assets
+    """The assets of ``base`` (``recipe.exgrpo.harness.assets.Assets``) for a multi-turn run, written under ``out``."""
+    from recipe.exgrpo.harness.assets import Assets
 
     assets = Assets(Path(out))
     rig_model(Path(base.model_path), assets.model_path)

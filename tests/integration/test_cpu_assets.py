@@ -21,8 +21,16 @@ import torch
 
 from data_preprocess.toy_arithmetic import Difficulty, QuestionFamily, ToyArithmeticConfig
 from recipe.exgrpo import verl_compat
-from recipe.exgrpo.cpu import assets as assets_module
-from recipe.exgrpo.cpu.assets import (
+from recipe.exgrpo.cpu.run_config import (
+    PLUGIN_MODULE,
+    CpuRunSpec,
+    cpu_config_problems,
+    cpu_env,
+    cpu_overrides,
+    required_ray_cpus,
+)
+from recipe.exgrpo.harness import assets as assets_module
+from recipe.exgrpo.harness.assets import (
     Assets,
     AssetSpec,
     WarmupSpec,
@@ -31,14 +39,6 @@ from recipe.exgrpo.cpu.assets import (
     file_manifest,
     last_boxed,
     manifest_problems,
-)
-from recipe.exgrpo.cpu.run_config import (
-    PLUGIN_MODULE,
-    CpuRunSpec,
-    cpu_config_problems,
-    cpu_env,
-    cpu_overrides,
-    required_ray_cpus,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -214,7 +214,7 @@ import json, sys
 import torch
 torch.set_num_threads(int(sys.argv[2]))
 from tests.integration.test_cpu_assets import _tiny_spec
-from recipe.exgrpo.cpu.assets import build_assets
+from recipe.exgrpo.harness.assets import build_assets
 report = build_assets(sys.argv[1], _tiny_spec()).report
 print(json.dumps({"files": report["files"], "digest": report["digest"], "threads": torch.get_num_threads()}))
 """
@@ -585,7 +585,7 @@ def test_plugin_registers_platform_engines_rollout_and_gloo_in_a_fresh_process()
 def test_runner_kills_the_whole_session_on_timeout(tmp_path):
     import psutil
 
-    from recipe.exgrpo.cpu.procs import run_in_new_session
+    from recipe.exgrpo.harness.procs import run_in_new_session
 
     pid_file = tmp_path / "grandchild.pid"
     script = (

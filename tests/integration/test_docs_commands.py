@@ -60,8 +60,8 @@ NOT_RUN_SCRIPTS = {
 #: modules the docs name by their command name; their parsers live elsewhere
 PARSER_MODULES = {
     "exgrpo.eval": "exgrpo.eval.cli",
-    "recipe.exgrpo.cpu_demo": "recipe.exgrpo.cpu.demo",
-    "recipe.exgrpo.dry_run": "recipe.exgrpo.tools.dry_run.driver",
+    "recipe.exgrpo.cpu_demo": "recipe.exgrpo.harness.demo",
+    "recipe.exgrpo.dry_run": "recipe.exgrpo.launch_checks.dry_run.driver",
 }
 #: hydra applications: ``--help`` composes the whole config
 HYDRA_ENTRY_POINTS = ("recipe.exgrpo.main_exgrpo", "verl.trainer.main_ppo")
@@ -217,7 +217,7 @@ def _parse(parser, args: list[str]):
 @functools.cache
 def _validated(overrides: tuple[str, ...]) -> str | None:
     """The dry run's problems for one launch, None when it validates (memoised: scripts share launches)."""
-    from recipe.exgrpo.tools.dry_run import DryRunError, dry_run
+    from recipe.exgrpo.launch_checks.dry_run import DryRunError, dry_run
 
     try:
         dry_run(list(overrides))
@@ -302,7 +302,7 @@ def check_bash(cmd: Command, tmp_path: Path) -> None:
         assert subprocess.run(["bash", "-n", script], cwd=REPO, timeout=30).returncode == 0
         return
     if script == "scripts/demo_cpu.sh":  # sets up the venv, then passes its arguments to the demo
-        from recipe.exgrpo.cpu.demo import build_parser
+        from recipe.exgrpo.harness.demo import build_parser
 
         _parse(build_parser(), args)
         return

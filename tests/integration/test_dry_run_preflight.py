@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.tools.dry_run import DryRunError, dry_run
-from recipe.exgrpo.tools.dry_run import main as dry_run_main
+from recipe.exgrpo.launch_checks.dry_run import DryRunError, dry_run
+from recipe.exgrpo.launch_checks.dry_run import main as dry_run_main
 from tests.integration.test_launch_scripts_dry_run import (
     TRAIN_DIR,
     _prompt_file,

@@ -25,7 +25,7 @@ from exgrpo.eval.cli import EvalConfig, evaluate, generate
 from exgrpo.eval.generate import PromptFormat, ResumeMismatchError, SamplingSettings, read_generations
 from exgrpo.eval.grading import Grader
 from exgrpo.eval.report import load_results, render_markdown
-from recipe.exgrpo.cpu.procs import run_captured
+from recipe.exgrpo.harness.procs import run_captured
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MAX_NEW_TOKENS = 16
@@ -37,7 +37,7 @@ SYSTEM = "Think inside <think></think>, then put the final answer in \\boxed{}."
 
 def _build_throwaway_model(out: pathlib.Path) -> pathlib.Path:
     """A random tiny Qwen2 with a byte-level BPE tokenizer and a ChatML template (used only when the shared
-    CPU assets of recipe/exgrpo/cpu/assets.py are unavailable)."""
+    CPU assets of recipe/exgrpo/harness/assets.py are unavailable)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -77,10 +77,10 @@ def _build_throwaway_model(out: pathlib.Path) -> pathlib.Path:
 
 
 def _build_from_cpu_assets(out: pathlib.Path) -> pathlib.Path | None:
-    """The project's tiny Qwen2 + byte-level ChatML tokenizer (recipe/exgrpo/cpu/assets.py), randomly
+    """The project's tiny Qwen2 + byte-level ChatML tokenizer (recipe/exgrpo/harness/assets.py), randomly
     initialised: built in a second, with no warm-up and no cache, since accuracy does not matter here."""
     try:
-        from recipe.exgrpo.cpu.assets import TinyModelSpec, build_model, build_tokenizer, save_model
+        from recipe.exgrpo.harness.assets import TinyModelSpec, build_model, build_tokenizer, save_model
     except ImportError:
         return None
     tokenizer = build_tokenizer()

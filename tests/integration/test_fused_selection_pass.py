@@ -21,9 +21,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from verl import DataProto  # noqa: E402
 
 from exgrpo.config import ExGRPOConfig  # noqa: E402
+from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
-from exgrpo.experience.pool import GroupMember  # noqa: E402
-from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer  # noqa: E402
+from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
 from recipe.exgrpo.mixed_batch import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
 
 PAD, VOCAB = 0, 40

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.tools.env_check import GPU_LOCK, locked_versions, parse_lock, read_lock, target_environment
+from recipe.exgrpo.launch_checks.env_check import GPU_LOCK, locked_versions, parse_lock, read_lock, target_environment
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHONS = ("3.10", "3.11", "3.12")

@@ -1,7 +1,7 @@
 """exgrpo.skip_grad_norm_above: verl's real FSDP engine ``optimizer_step`` with the skip bound, no Ray.
 
-The engine object is verl's ``FSDPEngineWithLMHead`` (wrapped by ``recipe.exgrpo.engines``) with only the
-attributes ``optimizer_step`` reads; the module is a small ``nn.Linear``. The FSDP2 case runs in a subprocess:
+The engine object is verl's ``FSDPEngineWithLMHead`` (wrapped by ``recipe.exgrpo.runtime.grad_norm_guard``) with only
+the attributes ``optimizer_step`` reads; the module is a small ``nn.Linear``. The FSDP2 case runs in a subprocess:
 the CPU platform plugin and this module loaded through ``VERL_USE_EXTERNAL_MODULES`` exactly as in a Ray worker,
 the engine looked up in verl's ``EngineRegistry``, the model sharded with ``fully_shard`` on a one-process
 gloo group (the ``FSDPModule`` branch that runs on GPUs).
@@ -23,8 +23,8 @@ pytest.importorskip("verl")
 from verl.workers.config import FSDPOptimizerConfig  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
 
-from recipe.exgrpo import engines  # noqa: E402
 from recipe.exgrpo.main_exgrpo import install_worker_env  # noqa: E402
+from recipe.exgrpo.runtime import grad_norm_guard  # noqa: E402
 
 
 def _engine(cls, bound, *, scheduler=False):
@@ -54,7 +54,7 @@ def _params(e):
 
 
 def test_a_huge_gradient_norm_skips_the_update():
-    cls = engines.with_grad_norm_skip(FSDPEngineWithLMHead)
+    cls = grad_norm_guard.with_grad_norm_skip(FSDPEngineWithLMHead)
     e = _engine(cls, 500.0)
     before = _params(e)
     _backward(e, 1000.0)
@@ -67,7 +67,7 @@ def test_a_huge_gradient_norm_skips_the_update():
 
 @pytest.mark.parametrize("scheduler", [False, True])
 def test_a_norm_within_the_bound_updates_exactly_as_verl(scheduler):
-    bounded = _engine(engines.with_grad_norm_skip(FSDPEngineWithLMHead), 500.0, scheduler=scheduler)
+    bounded = _engine(grad_norm_guard.with_grad_norm_skip(FSDPEngineWithLMHead), 500.0, scheduler=scheduler)
     plain = _engine(FSDPEngineWithLMHead, None, scheduler=scheduler)
     own_step = bounded.optimizer.__dict__.get("step")
     for e in (bounded, plain):
@@ -84,7 +84,7 @@ def test_a_norm_within_the_bound_updates_exactly_as_verl(scheduler):
 
 
 def test_non_finite_norms_are_still_skipped_by_verl():
-    e = _engine(engines.with_grad_norm_skip(FSDPEngineWithLMHead), 500.0)
+    e = _engine(grad_norm_guard.with_grad_norm_skip(FSDPEngineWithLMHead), 500.0)
     before = _params(e)
     _backward(e, float("inf"))
     assert not torch.isfinite(torch.tensor(e.optimizer_step()))
@@ -93,7 +93,7 @@ def test_non_finite_norms_are_still_skipped_by_verl():
 
 
 def test_without_a_bound_the_wrapped_engine_is_verl():
-    e = _engine(engines.with_grad_norm_skip(FSDPEngineWithLMHead), None)
+    e = _engine(grad_norm_guard.with_grad_norm_skip(FSDPEngineWithLMHead), None)
     _backward(e, 1000.0)
     before = _params(e)
     e.optimizer_step()
@@ -101,31 +101,38 @@ def test_without_a_bound_the_wrapped_engine_is_verl():
 
 
 def test_bound_and_worker_env():
-    assert engines.bound_from_env({}) is None and engines.bound_from_env({engines.SKIP_ENV: "500"}) == 500.0
+    assert (
+        grad_norm_guard.bound_from_env({}) is None
+        and grad_norm_guard.bound_from_env({grad_norm_guard.SKIP_ENV: "500"}) == 500.0
+    )
     for bad in ("x", "0", "-1", "inf"):
-        with pytest.raises(ValueError, match=engines.SKIP_ENV):
-            engines.bound_from_env({engines.SKIP_ENV: bad})
-    assert engines.worker_env(None) == {}
-    env = engines.worker_env(500, {engines.EXTERNAL_MODULES_ENV: "recipe.exgrpo.cpu.plugin"})
+        with pytest.raises(ValueError, match=grad_norm_guard.SKIP_ENV):
+            grad_norm_guard.bound_from_env({grad_norm_guard.SKIP_ENV: bad})
+    assert grad_norm_guard.worker_env(None) == {}
+    env = grad_norm_guard.worker_env(500, {grad_norm_guard.EXTERNAL_MODULES_ENV: "recipe.exgrpo.cpu.plugin"})
     assert env == {
-        "VERL_USE_EXTERNAL_MODULES": "recipe.exgrpo.cpu.plugin,recipe.exgrpo.engines",
+        "VERL_USE_EXTERNAL_MODULES": "recipe.exgrpo.cpu.plugin,recipe.exgrpo.runtime.grad_norm_guard",
         "EXGRPO_SKIP_GRAD_NORM_ABOVE": "500.0",
     }
 
 
 def test_the_loss_refuses_to_train_without_the_hook(monkeypatch):
     """A worker whose verl import did not load the hook stops at the first update with the fix in the message."""
-    with pytest.raises(RuntimeError, match="no skip hook.*VERL_USE_EXTERNAL_MODULES must name recipe.exgrpo.engines"):
-        engines.check_installed(500.0, {})  # not loaded at all
-    monkeypatch.setattr(engines, "INSTALLED", [])
+    with pytest.raises(
+        RuntimeError, match="no skip hook.*VERL_USE_EXTERNAL_MODULES must name recipe.exgrpo.runtime.grad_norm_guard"
+    ):
+        grad_norm_guard.check_installed(500.0, {})  # not loaded at all
+    monkeypatch.setattr(grad_norm_guard, "INSTALLED", [])
     with pytest.raises(RuntimeError, match="no skip hook"):
-        engines.check_installed(500.0, {engines.MODULE: engines})  # loaded, bound unset: nothing wrapped
-    monkeypatch.setattr(engines, "INSTALLED", ["fsdp2/cuda"])
-    monkeypatch.setenv(engines.SKIP_ENV, "400")
+        # loaded, bound unset: nothing wrapped
+        grad_norm_guard.check_installed(500.0, {grad_norm_guard.MODULE: grad_norm_guard})
+    monkeypatch.setattr(grad_norm_guard, "INSTALLED", ["fsdp2/cuda"])
+    monkeypatch.setenv(grad_norm_guard.SKIP_ENV, "400")
     with pytest.raises(RuntimeError, match="no skip hook"):
-        engines.check_installed(500.0, {engines.MODULE: engines})  # another bound than the config's
-    monkeypatch.setenv(engines.SKIP_ENV, "500")
-    engines.check_installed(500.0, {engines.MODULE: engines})
+        # another bound than the config's
+        grad_norm_guard.check_installed(500.0, {grad_norm_guard.MODULE: grad_norm_guard})
+    monkeypatch.setenv(grad_norm_guard.SKIP_ENV, "500")
+    grad_norm_guard.check_installed(500.0, {grad_norm_guard.MODULE: grad_norm_guard})
 
 
 def test_main_puts_the_hook_into_the_ray_runtime_env():
@@ -138,7 +145,7 @@ def test_main_puts_the_hook_into_the_ray_runtime_env():
     install_worker_env(config, 500.0)
     env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert env_vars.A == "1" and env_vars.EXGRPO_SKIP_GRAD_NORM_ABOVE == "500.0"
-    assert env_vars.VERL_USE_EXTERNAL_MODULES.split(",")[-1] == "recipe.exgrpo.engines"
+    assert env_vars.VERL_USE_EXTERNAL_MODULES.split(",")[-1] == "recipe.exgrpo.runtime.grad_norm_guard"
     # verl's own config has runtime_env without env_vars (or no runtime_env at all)
     for ray_init in ({"runtime_env": {"py_executable": None}}, {"num_cpus": None}):
         config = OmegaConf.create({"ray_kwargs": {"ray_init": ray_init}})
@@ -150,11 +157,11 @@ def test_main_puts_the_hook_into_the_ray_runtime_env():
 FSDP2_SCRIPT = textwrap.dedent(
     """
     import os, tempfile, torch, torch.distributed as dist
-    import verl  # imports the CPU plugin, then recipe.exgrpo.engines (VERL_USE_EXTERNAL_MODULES)
+    import verl  # imports the CPU plugin, then recipe.exgrpo.runtime.grad_norm_guard (VERL_USE_EXTERNAL_MODULES)
     from torch.distributed.fsdp import fully_shard
     from verl.workers.config import FSDPOptimizerConfig
     from verl.workers.engine import EngineRegistry
-    from recipe.exgrpo.engines import GradNormSkipMixin
+    from recipe.exgrpo.runtime.grad_norm_guard import GradNormSkipMixin
 
     cls = EngineRegistry.get_engine_cls("language_model", "fsdp2")
     assert issubclass(cls, GradNormSkipMixin), cls
@@ -187,7 +194,7 @@ def test_fsdp2_engine_from_the_registry_skips_in_a_worker_like_process(tmp_path)
         **os.environ,
         "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "VERL_PLATFORM": "cpu",
-        "VERL_USE_EXTERNAL_MODULES": "recipe.exgrpo.cpu.plugin,recipe.exgrpo.engines",
+        "VERL_USE_EXTERNAL_MODULES": "recipe.exgrpo.cpu.plugin,recipe.exgrpo.runtime.grad_norm_guard",
         "EXGRPO_SKIP_GRAD_NORM_ABOVE": "500",
         "OMP_NUM_THREADS": "1",
     }

@@ -16,8 +16,8 @@ pytest.importorskip("verl")
 
 from verl.workers.config import RolloutConfig  # noqa: E402
 
-from recipe.exgrpo.cpu.assets import Assets, ensure_assets  # noqa: E402
 from recipe.exgrpo.cpu.hf_rollout import HFRolloutServer, RolloutAsleepError  # noqa: E402
+from recipe.exgrpo.harness.assets import Assets, ensure_assets  # noqa: E402
 
 PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 

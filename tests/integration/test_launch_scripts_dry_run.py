@@ -1,10 +1,10 @@
 """Every launch script under scripts/train and scripts/reproduce composes to a valid config, without GPUs or models.
 
 Each script is run in ``DRY_RUN=print`` mode (pure bash: it prints the hydra overrides it would launch with); every
-printed launch is then composed and validated in this process with ``recipe.exgrpo.tools.dry_run`` (the checks of
-``python -m recipe.exgrpo.dry_run``: hydra's struct mode, ``main_exgrpo.prepare_config``, verl's ``validate_config``
+printed launch is then composed and validated in this process with ``recipe.exgrpo.launch_checks.dry_run`` (the checks
+of ``python -m recipe.exgrpo.dry_run``: hydra's struct mode, ``main_exgrpo.prepare_config``, verl's ``validate_config``
 and the worker-side checks). A few runs go through the real ``DRY_RUN=1`` path (bash -> python -m
-recipe.exgrpo.tools.dry_run) end to end. Nothing starts Ray, loads a model or downloads anything.
+recipe.exgrpo.launch_checks.dry_run) end to end. Nothing starts Ray, loads a model or downloads anything.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.exgrpo.tools.dry_run import DryRunError, DryRunReport, dry_run
-from recipe.exgrpo.tools.dry_run import main as dry_run_main
+from recipe.exgrpo.launch_checks.dry_run import DryRunError, DryRunReport, dry_run
+from recipe.exgrpo.launch_checks.dry_run import main as dry_run_main
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_DIR = REPO / "scripts" / "train"
@@ -788,7 +788,7 @@ def test_a_bad_sandbox_limit_fails_the_dry_run_naming_it():
 
 def test_the_preflight_names_a_kernel_without_the_sandbox_isolation(monkeypatch):
     sandbox = pytest.importorskip("exgrpo.sandbox")
-    from recipe.exgrpo.tools.dry_run.multi_turn import sandbox_problems
+    from recipe.exgrpo.launch_checks.dry_run.multi_turn import sandbox_problems
 
     monkeypatch.setattr(sandbox, "isolation_available", lambda: {"landlock_abi": 0, "seccomp": False})
     (overrides,) = printed_launches(TIR)

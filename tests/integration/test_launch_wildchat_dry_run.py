@@ -1,12 +1,12 @@
 """The reward-model launch scripts of the paper's Table 2 (scripts/train/*_qwen2.5_7b_base_wildchat_if.sh) compose to
 valid configs with the continuous mode and verl's reward model on, and the dry run checks the reward model's GPUs
-against the actor's (recipe/exgrpo/tools/dry_run/: ``reward_model_problems``). No GPU, model or Ray is used."""
+against the actor's (recipe/exgrpo/launch_checks/dry_run/: ``reward_model_problems``). No GPU, model or Ray is used."""
 
 from __future__ import annotations
 
 import pytest
 
-from recipe.exgrpo.tools.dry_run import NODE_GPUS_ENV, DryRunError, dry_run
+from recipe.exgrpo.launch_checks.dry_run import NODE_GPUS_ENV, DryRunError, dry_run
 from tests.integration.test_launch_scripts_dry_run import (
     TRAIN_DIR,
     differing_paths,

@@ -1,6 +1,6 @@
-"""The dry run's GPU memory estimate of generation (``recipe/exgrpo/tools/memory_estimate.py``): the FSDP actor's
-resident state per GPU (counted from a hand-made config.json) plus vLLM's share of the card, and the warning that
-names the setting and a value that fits."""
+"""The dry run's GPU memory estimate of generation (``recipe/exgrpo/launch_checks/memory_estimate.py``): the FSDP
+actor's resident state per GPU (counted from a hand-made config.json) plus vLLM's share of the card, and the warning
+that names the setting and a value that fits."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.exgrpo.tools.dry_run import dry_run
-from recipe.exgrpo.tools.dry_run import main as dry_run_main
-from recipe.exgrpo.tools.memory_estimate import (
+from recipe.exgrpo.launch_checks.dry_run import dry_run
+from recipe.exgrpo.launch_checks.dry_run import main as dry_run_main
+from recipe.exgrpo.launch_checks.memory_estimate import (
     ACTOR_OVERHEAD_GIB,
     GIB,
     UTILIZATION_KEY,

@@ -14,12 +14,12 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
-from exgrpo.experience.pool import Candidate  # noqa: E402
+from exgrpo.experience.experience_pool import Candidate  # noqa: E402
 from exgrpo.experience.selection import SelectedTrajectory  # noqa: E402
 from exgrpo.objective import LossSettings, mixed_policy_loss  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
-from recipe.exgrpo.exgrpo_ray_trainer import replay_group_metrics  # noqa: E402
+from recipe.exgrpo.legacy.trainer import replay_group_metrics  # noqa: E402
 from recipe.exgrpo.mixed_batch import (  # noqa: E402
     BEHAVIOUR_LOG_PROBS_KEY,
     CANDIDATE_KEY,

@@ -152,7 +152,7 @@ def test_collection_names_what_must_not_be_stored():
 
 
 def _tokenizer():
-    from recipe.exgrpo.cpu.assets import build_tokenizer
+    from recipe.exgrpo.harness.assets import build_tokenizer
 
     return build_tokenizer()
 
@@ -324,8 +324,8 @@ def tool_file(tmp_path):
 
 
 def _cpu_launch(tmp_path, extra):
-    from recipe.exgrpo.cpu.assets import asset_spec
     from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_overrides
+    from recipe.exgrpo.harness.assets import asset_spec
 
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from recipe.exgrpo.exgrpo_ray_trainer import POOL_DIRNAME, prune_pools  # noqa: E402
+from recipe.exgrpo.legacy.trainer import POOL_DIRNAME, prune_pools  # noqa: E402
 
 
 def _checkpoints(root, steps):

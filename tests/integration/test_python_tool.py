@@ -1,6 +1,6 @@
 """The tool-integrated-reasoning Python tool (recipe/exgrpo/agent_tools/python_tool.py) through verl's own function
 tool loader, as the TIR launch scripts wire it: it loads by path, its schema names the one ``code`` argument, a call
-runs in the sandbox (exgrpo/sandbox.py, whose protections tests/unit/test_sandbox.py checks one by one) and every
+runs in the sandbox (exgrpo/sandbox/runner.py, whose protections tests/unit/test_sandbox.py checks one by one) and every
 failure is an answer, never an exception out of the tool.
 """
 

@@ -1,4 +1,4 @@
-"""What the Ray job carries to its workers (``recipe/exgrpo/ray_job.py``) and the start-up check that every node
+"""What the Ray job carries to its workers (``recipe/exgrpo/runtime/ray_job.py``) and the start-up check that every node
 imports the recipe.
 
 The real check starts a local Ray cluster whose workers lack a package the driver imports: the driver runs from
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.exgrpo.ray_job import (
+from recipe.exgrpo.runtime.ray_job import (
     SHIP_CODE_ENV,
     UPLOAD_EXCLUDES,
     WORKER_MODULES,
@@ -88,7 +88,7 @@ OUTSIDE_THE_CHECKOUT = textwrap.dedent(
 
     sys.path[:] = [site] + [p for p in sys.path if p not in ("", str(repo))]
     sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, EditableFinder)
-    from recipe.exgrpo.ray_job import package_dirs
+    from recipe.exgrpo.runtime.ray_job import package_dirs
     import recipe
     print("RESULT " + json.dumps({"dirs": package_dirs(), "recipe_path": list(recipe.__path__)}))
     """
@@ -126,8 +126,8 @@ def test_shipping_can_be_turned_off(monkeypatch):
 def test_the_recipe_loads_its_reward_and_dataset_by_module_name():
     """A file path of the driver's checkout may not exist on another node; a module name resolves in the code the
     job ships."""
+    from recipe.exgrpo.launch_checks.dry_run import compose_config
     from recipe.exgrpo.main_exgrpo import prepare_config
-    from recipe.exgrpo.tools.dry_run import compose_config
 
     config = compose_config(["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"])
     prepare_config(config)
@@ -214,7 +214,7 @@ DRIVER = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])      # the repository (PYTHONPATH is cleared)
     import ray
     from omegaconf import OmegaConf
-    from recipe.exgrpo.ray_job import WorkerImportError, check_worker_imports, ship_code
+    from recipe.exgrpo.runtime.ray_job import WorkerImportError, check_worker_imports, ship_code
 
     modules = ("exgrpo_probe_standin", "exgrpo_probe_standin.loss")
     out = {}
@@ -240,7 +240,7 @@ DRIVER = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_worker_without_the_code_is_named_and_shipping_the_code_fixes_it(tmp_path):
-    from recipe.exgrpo.cpu.procs import run_ray_command_in_new_session
+    from recipe.exgrpo.harness.procs import run_ray_command_in_new_session
 
     package = tmp_path / "src" / "exgrpo_probe_standin"
     package.mkdir(parents=True)
@@ -306,8 +306,8 @@ def _submitted_job(monkeypatch, runtime_env: dict) -> None:
 
 
 def test_a_submitted_jobs_py_modules_and_excludes_are_merged_with_the_recipes(monkeypatch):
+    from recipe.exgrpo.launch_checks.dry_run import compose_config
     from recipe.exgrpo.main_exgrpo import prepare_config
-    from recipe.exgrpo.tools.dry_run import compose_config
 
     job = {
         "py_modules": ["/shared/mylib"],
@@ -330,11 +330,14 @@ def test_a_submitted_jobs_py_modules_and_excludes_are_merged_with_the_recipes(mo
     assert merged["py_modules"] == ["/shared/mylib", *package_dirs()]
     assert merged["excludes"] == ["*.ckpt", *UPLOAD_EXCLUDES]
     assert merged["env_vars"]["MY_FLAG"] == "1"
-    assert merged["env_vars"]["VERL_USE_EXTERNAL_MODULES"].split(",") == ["mylib.hooks", "recipe.exgrpo.engines"]
+    assert merged["env_vars"]["VERL_USE_EXTERNAL_MODULES"].split(",") == [
+        "mylib.hooks",
+        "recipe.exgrpo.runtime.grad_norm_guard",
+    ]
 
 
 def test_a_key_both_set_differently_is_named_at_start_up(monkeypatch):
-    from recipe.exgrpo.ray_job import JobRuntimeEnvError, merge_job_runtime_env
+    from recipe.exgrpo.runtime.ray_job import JobRuntimeEnvError, merge_job_runtime_env
 
     _submitted_job(monkeypatch, {"working_dir": "/job/src", "env_vars": {"HF_HOME": "/job/hf"}})
     config = _config({"working_dir": "/mine", "env_vars": {"HF_HOME": "/mine/hf"}})
@@ -356,7 +359,7 @@ SUBMITTED_DRIVER = textwrap.dedent(
     from omegaconf import OmegaConf
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
     from recipe.exgrpo.main_exgrpo import prepare_config
-    from recipe.exgrpo.tools.dry_run import compose_config
+    from recipe.exgrpo.launch_checks.dry_run import compose_config
 
     config = compose_config(["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"])
     prepare_config(config)
@@ -387,7 +390,7 @@ def test_ray_init_accepts_a_submitted_jobs_runtime_env_with_py_modules_and_exclu
     in the environment): the job's own ``py_modules`` and ``excludes`` next to the recipe's."""
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
-    from recipe.exgrpo.cpu.procs import run_ray_command_in_new_session
+    from recipe.exgrpo.harness.procs import run_ray_command_in_new_session
 
     lib = tmp_path / "joblib" / "exgrpo_job_lib"
     lib.mkdir(parents=True)
@@ -476,7 +479,7 @@ class FakeRay:
 
 
 def test_the_probe_asks_only_the_nodes_the_job_can_use_and_names_the_role_of_a_failing_one(monkeypatch, capsys):
-    from recipe.exgrpo import ray_job
+    from recipe.exgrpo.runtime import ray_job
 
     ok = {"hostname": "h", "python": "/py", "missing": {}}
     answers = {FAKE_CLUSTER[1]["NodeID"]: ok, FAKE_CLUSTER[2]["NodeID"]: ok, FAKE_CLUSTER[3]["NodeID"]: ok}
@@ -500,7 +503,7 @@ def test_the_probe_asks_only_the_nodes_the_job_can_use_and_names_the_role_of_a_f
 
 
 def test_the_nodes_of_a_job_are_those_with_cpus_or_the_pools_device():
-    from recipe.exgrpo.ray_job import job_nodes
+    from recipe.exgrpo.runtime.ray_job import job_nodes
 
     used, outside = job_nodes(FAKE_CLUSTER)
     assert [n["NodeManagerAddress"] for n in used] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]

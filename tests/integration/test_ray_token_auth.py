@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.exgrpo.cpu.procs import RAY_STARTUP_PAUSE_S, RAY_STARTUP_RETRIES, RAY_STARTUP_TIMEOUT
+from recipe.exgrpo.harness.procs import RAY_STARTUP_PAUSE_S, RAY_STARTUP_RETRIES, RAY_STARTUP_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = REPO / "scripts" / "train" / "common.sh"
@@ -92,7 +92,7 @@ class Cluster:
         """Run a node's start command (``cmd()`` with ``env()``, rebuilt per attempt); started again, after its
         processes are killed, when it fails only because Ray's node missed ``ray.init``'s fixed 30 s start-up
         deadline (a loaded machine: the suite's other sessions share the cores; the recipe's launcher retries
-        the same way, recipe/exgrpo/cpu/procs.py). Returns the last attempt's result and its env."""
+        the same way, recipe/exgrpo/harness/procs.py). Returns the last attempt's result and its env."""
         for attempt in range(1, RAY_STARTUP_RETRIES + 2):
             run_env = env()
             proc = self.run(cmd(), run_env)

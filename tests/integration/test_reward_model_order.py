@@ -24,10 +24,10 @@ from verl import DataProto  # noqa: E402
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase  # noqa: E402
 
 from exgrpo.config import ExGRPOConfig  # noqa: E402
+from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
-from exgrpo.experience.pool import GroupMember  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY  # noqa: E402
-from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer  # noqa: E402
+from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
 from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY, generation_counts  # noqa: E402
 from recipe.exgrpo.tool_turns import ToolCallDetector  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu import demo
+from recipe.exgrpo.harness import demo
 from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, run_script, script_env
 
 COMMON = TRAIN_DIR / "common.sh"
@@ -68,7 +68,7 @@ def test_the_demo_says_its_defaults_and_when_validation_is_off():
 
 
 def test_a_mistyped_demo_override_stops_before_the_assets_with_a_did_you_mean(tmp_path, monkeypatch, capsys):
-    from recipe.exgrpo.cpu import assets
+    from recipe.exgrpo.harness import assets
 
     monkeypatch.setattr(assets, "ensure_assets", lambda *a, **k: pytest.fail("the assets were built before the check"))
     rc = demo.main(["--out", str(tmp_path / "out"), "exgrpo.replay_ratoi=0.25", "trainer.save_freq=5"])

@@ -1,7 +1,8 @@
-"""The stage deadlines without verl's workers (recipe/exgrpo/stage_deadlines.py, recipe/exgrpo/stacks.py): the config
-block and its errors, the watchdog that fires from outside a stage blocked in C, the stacks of the run's other
-processes dumped from their signal handler, the run's processes found by its token and stopped, the partial
-checkpoint removed and the complete one kept, the error through Ray's exception wrapper, and the driver's exit.
+"""The stage deadlines without verl's workers (recipe/exgrpo/runtime/stage_deadlines.py,
+recipe/exgrpo/runtime/stacks.py): the config block and its errors, the watchdog that fires from outside a stage
+blocked in C, the stacks of the run's other processes dumped from their signal handler, the run's processes found by
+its token and stopped, the partial checkpoint removed and the complete one kept, the error through Ray's exception
+wrapper, and the driver's exit.
 The same pieces in a real CPU run, with each fault injected: tests/e2e/test_stage_deadlines_cpu.py."""
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.exgrpo import stacks
-from recipe.exgrpo.stage_deadlines import (
+from recipe.exgrpo.runtime import stacks
+from recipe.exgrpo.runtime.stage_deadlines import (
     DEFAULT_DEADLINES_S,
     DEFAULT_FIRST_STEP_FACTOR,
     StageClock,
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_defaults_come_from_the_yaml_and_fit_a_7b_step():
-    from recipe.exgrpo.tools.dry_run import compose_config
+    from recipe.exgrpo.launch_checks.dry_run import compose_config
 
     config = compose_config(["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"])
     deadlines = deadlines_from_config(config)
@@ -56,9 +57,9 @@ def test_every_stage_of_a_step_runs_inside_the_clock():
     other three is checked here only)."""
     import ast
 
-    from recipe.exgrpo.stage_deadlines import STAGES
+    from recipe.exgrpo.runtime.stage_deadlines import STAGES
 
-    tree = ast.parse((REPO / "recipe" / "exgrpo" / "exgrpo_ray_trainer.py").read_text())
+    tree = ast.parse((REPO / "recipe" / "exgrpo" / "legacy" / "trainer.py").read_text())
     entered = []
     for node in ast.walk(tree):
         if (
@@ -100,7 +101,7 @@ def test_every_bad_key_is_named():
 
 def test_start_up_and_the_dry_run_refuse_a_bad_deadline():
     from recipe.exgrpo.config_bridge import StartupConfigError, check_startup_config
-    from recipe.exgrpo.tools.dry_run import DryRunError, compose_config, dry_run
+    from recipe.exgrpo.launch_checks.dry_run import DryRunError, compose_config, dry_run
     from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, printed_launches
 
     base = ["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"]
@@ -155,7 +156,7 @@ def test_the_first_step_runs_under_the_factor(start):
 
 
 def test_the_factor_comes_from_the_config():
-    from recipe.exgrpo.tools.dry_run import compose_config
+    from recipe.exgrpo.launch_checks.dry_run import compose_config
 
     base = ["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"]
     assert deadlines_from_config(compose_config(base + ["stage_deadlines.first_step_factor=5"])).first_step_factor == 5
@@ -183,7 +184,7 @@ REGISTERED = textwrap.dedent(
     """
     import subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
-    import recipe.exgrpo.stacks  # registers this process (the token is in its environment)
+    import recipe.exgrpo.runtime.stacks  # registers this process (the token is in its environment)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # imports nothing
     print("READY", child.pid, flush=True)
 
@@ -309,8 +310,8 @@ def test_the_node_tasks_dump_and_stop_the_runs_processes_on_a_node(tmp_path):
     stops them."""
     import ray
 
-    from recipe.exgrpo.cpu.procs import ray_init_in_process
-    from recipe.exgrpo.stage_deadlines import _node_stacks, _node_terminate, _on_nodes
+    from recipe.exgrpo.harness.procs import ray_init_in_process
+    from recipe.exgrpo.runtime.stage_deadlines import _node_stacks, _node_terminate, _on_nodes
 
     token = f"test-{os.getpid()}-{time.time_ns()}"
     worker, child = _registered_process(tmp_path, token)
@@ -337,8 +338,8 @@ def test_the_node_tasks_dump_and_stop_the_runs_processes_on_a_node(tmp_path):
 
 
 def test_the_launch_puts_the_token_and_the_dump_module_in_every_workers_environment(monkeypatch):
+    from recipe.exgrpo.launch_checks.dry_run import compose_config
     from recipe.exgrpo.main_exgrpo import prepare_config
-    from recipe.exgrpo.tools.dry_run import compose_config
 
     monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "recipe.exgrpo.cpu.plugin")
     base = ["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"]
@@ -346,7 +347,7 @@ def test_the_launch_puts_the_token_and_the_dump_module_in_every_workers_environm
     prepare_config(config, run_token="run-1")
     env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert env_vars[stacks.TOKEN_ENV] == "run-1"
-    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "recipe.exgrpo.cpu.plugin,recipe.exgrpo.stacks"
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "recipe.exgrpo.cpu.plugin,recipe.exgrpo.runtime.stacks"
     # the dry run passes no token: its config stays the same from one run to the next
     dry = compose_config(base)
     prepare_config(dry)

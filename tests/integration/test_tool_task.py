@@ -1,4 +1,4 @@
-"""The calculator task's pieces against verl's own (recipe/exgrpo/cpu/tool_task.py, the demo's ``--tools``):
+"""The calculator task's pieces against verl's own (recipe/exgrpo/harness/tool_task.py, the demo's ``--tools``):
 
 - the warm-up's exchanges are tokenised exactly as verl's tool agent loop builds them (its Qwen continuous-token
   builder: the prompt, the model's call, the newline it inserts, the tool's turn, the answer), so what the warm-up
@@ -15,8 +15,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from recipe.exgrpo.cpu.assets import build_tokenizer, response_text
-from recipe.exgrpo.cpu.tool_task import (
+from recipe.exgrpo.harness.assets import build_tokenizer, response_text
+from recipe.exgrpo.harness.tool_task import (
     CALCULATOR_FILE,
     TOOL_NAME,
     add_tool_tokens,
@@ -91,7 +91,7 @@ def test_verls_hermes_parser_reads_the_call_and_the_loader_runs_the_calculator(t
 
 
 def test_the_tool_reward_and_the_tool_turn_metrics(tokenizer):
-    from recipe.exgrpo.cpu.tool_reward import compute_score
+    from recipe.exgrpo.harness.tool_reward import compute_score
     from recipe.exgrpo.tool_turns import tool_turn_metrics
 
     ids, mask, n_prompt = encode_tool_exchange(tokenizer, QUESTION, "523 + 47", response_text("570"))
@@ -148,7 +148,7 @@ def test_rows_with_a_tool_turn_match_the_per_row_definition():
 
 
 def test_the_tool_assets_are_their_own_and_the_call_share_is_part_of_the_digest():
-    from recipe.exgrpo.cpu.assets import asset_spec
+    from recipe.exgrpo.harness.assets import asset_spec
 
     plain, tools = asset_spec("hf"), asset_spec("hf", tools=True)
     assert plain.tools is None and tools.tools.call_share == 0.25

@@ -12,7 +12,7 @@ pytest.importorskip("verl")
 
 from verl import DataProto  # noqa: E402
 
-from recipe.exgrpo.exgrpo_ray_trainer import (  # noqa: E402
+from recipe.exgrpo.legacy.trainer import (  # noqa: E402
     RayExGRPOTrainer,
     reward_health,
     rollout_actor_agreement,

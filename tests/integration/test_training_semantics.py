@@ -266,7 +266,7 @@ def _fresh_trainer(retire_fresh_prompts: bool, n=30, b=8):
     from exgrpo.experience.manager import ExperienceManager
     from exgrpo.fresh_prompts import FreshPromptFilter
     from recipe.exgrpo.dataset import ROW_KEY
-    from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer
+    from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer
 
     t = object.__new__(RayExGRPOTrainer)
     t.exgrpo = ExGRPOConfig.from_dict({"retire_fresh_prompts": retire_fresh_prompts}, k=2)

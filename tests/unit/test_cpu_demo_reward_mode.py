@@ -1,10 +1,10 @@
-"""The CPU demo's reward modes (recipe/exgrpo/cpu/demo.py): the binary overrides are what they were (plus the
+"""The CPU demo's reward modes (recipe/exgrpo/harness/demo.py): the binary overrides are what they were (plus the
 default mode named explicitly), the continuous mode sets the mode and the partial-credit reward, a given reward
 function wins, and the step line shows the reward."""
 
 from __future__ import annotations
 
-from recipe.exgrpo.cpu.demo import PARTIAL_CREDIT_REWARD, ExGRPOCpuRun, build_overrides, step_line
+from recipe.exgrpo.harness.demo import PARTIAL_CREDIT_REWARD, ExGRPOCpuRun, build_overrides, step_line
 
 
 def _overrides(**kw) -> list[str]:
@@ -38,8 +38,8 @@ def test_the_step_line_shows_the_mean_reward_in_continuous_mode():
 
 
 def test_the_tool_demo_runs_the_calculator_through_verls_tool_agent_loop():
-    from recipe.exgrpo.cpu.demo import TOOL_REWARD, tool_run
-    from recipe.exgrpo.cpu.tool_task import CALCULATOR_FILE
+    from recipe.exgrpo.harness.demo import TOOL_REWARD, tool_run
+    from recipe.exgrpo.harness.tool_task import CALCULATOR_FILE
 
     run = tool_run(ExGRPOCpuRun(output_dir="/tmp/x", extra_overrides=["exgrpo.replay_ratio=0.25"]))
     out = build_overrides(run, "/m", "/t.parquet", "/v.parquet")
@@ -60,7 +60,7 @@ def test_the_tool_demo_runs_the_calculator_through_verls_tool_agent_loop():
 def test_the_tool_demo_refuses_another_reward_mode(capsys):
     import pytest
 
-    from recipe.exgrpo.cpu.demo import main
+    from recipe.exgrpo.harness.demo import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--tools", "--reward", "continuous"])

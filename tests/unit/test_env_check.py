@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.tools.env_check import (
+from recipe.exgrpo.launch_checks.env_check import (
     CPU_FILES,
     SHOWN_LOCK_PROBLEMS,
     VLLM_CPU_FILES,

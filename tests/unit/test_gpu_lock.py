@@ -11,7 +11,7 @@ import pytest
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-from recipe.exgrpo.tools.env_check import GPU_LOCK, locked_versions, parse_lock, target_environment
+from recipe.exgrpo.launch_checks.env_check import GPU_LOCK, locked_versions, parse_lock, target_environment
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHONS = ("3.10", "3.11", "3.12")  # README "Training on GPUs", scripts/install_gpu.sh

@@ -6,9 +6,12 @@ resolved). The layers, lowest first (docs/architecture.md):
 0. ``exgrpo`` — the algorithm, framework-free;
 1. ``data_preprocess`` — dataset commands (they may use the core's prompts and rewards);
 2. ``recipe.exgrpo.verl_compat`` — every private name of verl/vLLM the recipe touches;
-3. ``recipe.exgrpo.cpu`` — the CPU backend and the CPU-only tools (plugin, rollouts, assets, run config, demo);
-4. the training path — the modules at the top of ``recipe.exgrpo`` (trainer, loss, mixed batch, entry point, ...);
-5. ``recipe.exgrpo.tools`` — launch checking (dry run, env check, memory estimate);
+3. ``recipe.exgrpo.cpu`` — the CPU backend (plugin, rollouts, engines, weight sync, run config), and
+   ``recipe.exgrpo.runtime`` — operations (stage deadlines, stacks, Ray job shipping, the gradient-norm guard);
+4. the training path — the modules at the top of ``recipe.exgrpo`` (entry point, loss, config bridge, ...) and the
+   trainer adapters (``recipe.exgrpo.legacy``);
+5. ``recipe.exgrpo.launch_checks`` — launch checking (dry run, env check, memory estimate), and
+   ``recipe.exgrpo.harness`` — the CPU demo and the test harness (assets, demo, curves, process sampling);
 6. the command names kept at the top of ``recipe.exgrpo`` (``cpu_demo``, ``env_check``, ``dry_run``) and
    ``benchmarks``.
 
@@ -26,18 +29,22 @@ PACKAGES = ("exgrpo", "data_preprocess", "recipe", "benchmarks")
 COMMANDS = ("recipe.exgrpo.cpu_demo", "recipe.exgrpo.env_check", "recipe.exgrpo.dry_run")
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def layer_of(module: str) -> int:
-    if module == "exgrpo" or module.startswith("exgrpo."):
+    if _in(module, "exgrpo"):
         return 0
-    if module.startswith("data_preprocess"):
+    if _in(module, "data_preprocess"):
         return 1
     if module == "recipe.exgrpo.verl_compat":
         return 2
-    if module == "recipe.exgrpo.cpu" or module.startswith("recipe.exgrpo.cpu."):
+    if _in(module, "recipe.exgrpo.cpu") or _in(module, "recipe.exgrpo.runtime"):
         return 3
-    if module.startswith("recipe.exgrpo.tools"):
+    if _in(module, "recipe.exgrpo.launch_checks") or _in(module, "recipe.exgrpo.harness"):
         return 5
-    if module in COMMANDS or module.startswith("benchmarks"):
+    if module in COMMANDS or _in(module, "benchmarks"):
         return 6
     return 4  # recipe, recipe.exgrpo and the training path
 
@@ -133,6 +140,9 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert upward_imports({"recipe.exgrpo.cpu.plugin": {"recipe.exgrpo.main_exgrpo"}}) == [
         ("recipe.exgrpo.cpu.plugin", "recipe.exgrpo.main_exgrpo")
+    ]
+    assert upward_imports({"recipe.exgrpo.runtime.stacks": {"recipe.exgrpo.harness.procs"}}) == [
+        ("recipe.exgrpo.runtime.stacks", "recipe.exgrpo.harness.procs")
     ]
     graph = _graph()
     assert "exgrpo.experience.weightings" in graph["exgrpo.config"]  # the lazy import inside validate() counts

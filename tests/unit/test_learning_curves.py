@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.exgrpo.cpu.learning_curves import (
+from recipe.exgrpo.harness.learning_curves import (
     area_under_curve,
     describe_run,
     markdown_table,
@@ -178,7 +178,7 @@ def test_describe_run_names_start_and_end():
 def test_the_demo_follows_the_metrics_file_line_by_line(tmp_path):
     import threading
 
-    from recipe.exgrpo.cpu.demo import _follow_metrics
+    from recipe.exgrpo.harness.demo import _follow_metrics
 
     path = tmp_path / "metrics.jsonl"
     seen: list[dict] = []
@@ -207,7 +207,7 @@ def test_the_demo_follows_the_metrics_file_line_by_line(tmp_path):
 
 
 def test_a_named_validation_variable_is_read_from_core_or_aux():
-    from recipe.exgrpo.cpu.learning_curves import run_curve, validation_by_source
+    from recipe.exgrpo.harness.learning_curves import run_curve, validation_by_source
 
     row = {
         "step": 10,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from exgrpo.config import ExGRPOConfig
+from exgrpo.experience.experience_pool import GroupMember
 from exgrpo.experience.manager import ExperienceManager
-from exgrpo.experience.pool import GroupMember
 from exgrpo.experience.selection import CandidateTokenStats
 
 K = 4

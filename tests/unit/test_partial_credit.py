@@ -1,11 +1,11 @@
-"""The toy task's continuous reward (recipe/exgrpo/cpu/partial_credit.py): hand-computed credits, the keys verl logs,
-and it never raises."""
+"""The toy task's continuous reward (recipe/exgrpo/harness/partial_credit.py): hand-computed credits, the keys verl
+logs, and it never raises."""
 
 from __future__ import annotations
 
 import pytest
 
-from recipe.exgrpo.cpu.partial_credit import compute_score, digit_credit
+from recipe.exgrpo.harness.partial_credit import compute_score, digit_credit
 
 KEYS = {"score", "acc", "think_closed", "digit_credit"}
 

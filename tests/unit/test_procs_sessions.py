@@ -1,4 +1,4 @@
-"""Process hygiene of recipe/exgrpo/cpu/procs.py without Ray: a session is killed at once when an exception leaves
+"""Process hygiene of recipe/exgrpo/harness/procs.py without Ray: a session is killed at once when an exception leaves
 ``run_in_new_session`` (no grace wait), and SIGTERM/SIGHUP to the caller kill every session it started before it
 stops. The sessions here are ``sleep`` processes; tests/e2e/test_sigterm_cpu.py does the same to a pytest running a
 real verl run."""
@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from recipe.exgrpo.cpu.procs import (
+from recipe.exgrpo.harness.procs import (
     RAY_STARTUP_TIMEOUT,
     active_sessions,
     ray_init_in_process,
@@ -83,7 +83,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from recipe.exgrpo.cpu.procs import install_termination_handlers, run_in_new_session
+    from recipe.exgrpo.harness.procs import install_termination_handlers, run_in_new_session
 
     install_termination_handlers()
     try:

@@ -196,12 +196,12 @@ def test_the_scan_lets_generic_comparisons_pass():
 
 #: the step's path: its code must not depend on which rollout serves it (hf, vllm) nor which reward mode is on
 STEP_PATH = (
-    "recipe/exgrpo/exgrpo_ray_trainer.py",
+    "recipe/exgrpo/legacy/trainer.py",
     "recipe/exgrpo/mixed_batch.py",
     "recipe/exgrpo/actor_loss.py",
     "recipe/exgrpo/tool_turns.py",
-    "exgrpo/experience/pool.py",
-    "exgrpo/experience/writer.py",
+    "exgrpo/experience/experience_pool.py",
+    "exgrpo/experience/collection.py",
     "exgrpo/experience/masks.py",
     "exgrpo/experience/records.py",
 )

@@ -1,4 +1,4 @@
-"""The Python sandbox (exgrpo/sandbox.py): every protection shown by injecting its violation.
+"""The Python sandbox (exgrpo/sandbox/runner.py): every protection shown by injecting its violation.
 
 Each fault test has a control that runs the same violation with the protection left out (``sandbox._LEFT_OUT``,
 set by the ``left_out`` fixture) and sees it succeed, so the test's check can fail. Its docstring also says what
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo import _sandbox_child, sandbox
 from exgrpo.sandbox import SandboxLimits, SandboxResult, isolation_available, run_python
+from exgrpo.sandbox import child as _sandbox_child
+from exgrpo.sandbox import runner as sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 _AVAILABLE = isolation_available()
@@ -95,7 +96,7 @@ def test_a_syntax_error_and_an_exception_come_back_as_text():
     text = raised.as_tool_text()
     assert raised.exit_code == 1 and text.startswith("partial\n")
     assert "x['missing']" in text and text.rstrip().endswith("KeyError: 'missing'")  # source line, last line
-    assert "_sandbox_child" not in text  # the bootstrap's frame is left out
+    assert "child.py" not in text and str(sandbox.CHILD) not in text  # the bootstrap's frame is left out
     assert run("raise SystemExit(3)").exit_code == 3
     assert run("import sys; sys.exit('bye')").stderr.strip() == "bye"
     assert run("print(input())").stderr.rstrip().endswith("EOFError: EOF when reading a line")  # no hang on stdin

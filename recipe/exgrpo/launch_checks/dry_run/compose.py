@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.exgrpo.tools.dry_run.report import DryRunError
+from recipe.exgrpo.launch_checks.dry_run.report import DryRunError
 
 RECIPE_DIR = Path(__file__).resolve().parents[2]
 CONFIG_DIR = RECIPE_DIR / "config"

@@ -1,6 +1,6 @@
 """A continuous reward for the toy arithmetic task: partial credit (the CPU demo of the continuous reward mode).
 
-``reward.custom_reward_function.path=pkg://recipe.exgrpo.cpu.partial_credit`` (name ``compute_score``) with
+``reward.custom_reward_function.path=pkg://recipe.exgrpo.harness.partial_credit`` (name ``compute_score``) with
 ``exgrpo.reward_mode=continuous``; ``python -m recipe.exgrpo.cpu_demo --reward continuous`` sets both. Per response:
 
     score = 0.5 · think_closed + 0.5 · digit_credit

@@ -26,7 +26,7 @@ under a file lock), so a test session or the demo builds it once. Each use check
 a missing or changed file moves the directory aside (``<digest>.broken-<time>``, with a message naming the file)
 and rebuilds it, so a partial asset is never used.
 
-CLI: ``python -m recipe.exgrpo.cpu.assets --out DIR`` (copies the cached build there) or without ``--out`` to
+CLI: ``python -m recipe.exgrpo.harness.assets --out DIR`` (copies the cached build there) or without ``--out`` to
 print where the cache is.
 """
 
@@ -60,7 +60,7 @@ from data_preprocess.toy_arithmetic import (
     write_parquet,
 )
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
-from recipe.exgrpo.cpu.tool_task import (
+from recipe.exgrpo.harness.tool_task import (
     ToolUseSpec,
     add_tool_tokens,
     encode_tool_exchange,
@@ -143,7 +143,7 @@ class AssetSpec:
     model: TinyModelSpec = field(default_factory=TinyModelSpec)
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
     data: ToyArithmeticConfig = field(default_factory=ToyArithmeticConfig)
-    # the calculator task's assets (recipe/exgrpo/cpu/tool_task.py): tool tokens, calculator exchanges in the
+    # the calculator task's assets (recipe/exgrpo/harness/tool_task.py): tool tokens, calculator exchanges in the
     # warm-up, every row served by verl's tool agent loop; None: the one-turn task
     tools: ToolUseSpec | None = None
 

@@ -47,7 +47,7 @@ WORKER_MODULES: tuple[str, ...] = (
     "recipe.exgrpo.actor_loss",
     "recipe.exgrpo.reward",
     "recipe.exgrpo.dataset",
-    "recipe.exgrpo.engines",
+    "recipe.exgrpo.runtime.grad_norm_guard",
 )
 UPLOAD_EXCLUDES: tuple[str, ...] = ("__pycache__", "*.pyc")
 
@@ -150,7 +150,7 @@ def merge_job_runtime_env(config, job_env: dict | None = None, environ=None) -> 
     from omegaconf import OmegaConf, open_dict
 
     from recipe.exgrpo import verl_compat
-    from recipe.exgrpo.engines import EXTERNAL_MODULES_ENV
+    from recipe.exgrpo.runtime.grad_norm_guard import EXTERNAL_MODULES_ENV
 
     environ = os.environ if environ is None else environ
     job = verl_compat.job_runtime_env(environ) if job_env is None else dict(job_env)

@@ -8,15 +8,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from recipe.exgrpo.tools.dry_run.compose import CONFIG_DIR, DEFAULT_CONFIG_NAME, compose_config
-from recipe.exgrpo.tools.dry_run.memory import generation_memory
-from recipe.exgrpo.tools.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
-from recipe.exgrpo.tools.dry_run.overrides import check_overrides
-from recipe.exgrpo.tools.dry_run.paths import launch_path_checks
-from recipe.exgrpo.tools.dry_run.report import DryRunError, DryRunReport
-from recipe.exgrpo.tools.dry_run.reward_model import reward_model_problems
-from recipe.exgrpo.tools.dry_run.startup import run_entry_point_checks
-from recipe.exgrpo.tools.dry_run.workers import run_worker_checks
+from recipe.exgrpo.launch_checks.dry_run.compose import CONFIG_DIR, DEFAULT_CONFIG_NAME, compose_config
+from recipe.exgrpo.launch_checks.dry_run.memory import generation_memory
+from recipe.exgrpo.launch_checks.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
+from recipe.exgrpo.launch_checks.dry_run.overrides import check_overrides
+from recipe.exgrpo.launch_checks.dry_run.paths import launch_path_checks
+from recipe.exgrpo.launch_checks.dry_run.report import DryRunError, DryRunReport
+from recipe.exgrpo.launch_checks.dry_run.reward_model import reward_model_problems
+from recipe.exgrpo.launch_checks.dry_run.startup import run_entry_point_checks
+from recipe.exgrpo.launch_checks.dry_run.workers import run_worker_checks
 
 
 # ---------------------------------------------------------------------------------------------------- driver
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     allow = list(args.allow_new_key) + [p for p in os.environ.get("DRY_RUN_ALLOW_NEW_KEYS", "").split(",") if p.strip()]
     try:
-        from recipe.exgrpo.tools.memory_estimate import parse_count
+        from recipe.exgrpo.launch_checks.memory_estimate import parse_count
 
         report = dry_run(
             args.overrides,

@@ -22,8 +22,8 @@ every check that needs neither GPUs, Ray, a model nor the data:
    (``CHECK_CONTEXT``), and the data's prompts suit the chat template (the Llama-3.1-8B base prompt with the verbatim
    template, chat rows otherwise);
 8. the GPU memory of generation: the FSDP actor's resident state per GPU plus vLLM's ``gpu_memory_utilization``
-   share of the card (``recipe/exgrpo/tools/memory_estimate.py``; ``--gpu-memory-gib``, ``--model-params``): a warning
-   naming the setting and a value that fits when the sum nears the card's memory;
+   share of the card (``recipe/exgrpo/launch_checks/memory_estimate.py``; ``--gpu-memory-gib``, ``--model-params``):
+   a warning naming the setting and a value that fits when the sum nears the card's memory;
 9. a run whose rollouts call tools: ``multi_turn.format`` is a tool-call format verl registers, and with
    ``--check-paths`` the tool files exist and the function-tool file defines a tool (verl's loader only warns);
    the data files here have an ``agent_name`` column (else no row reaches a loop with tools); with the recipe's
@@ -41,7 +41,7 @@ One module per checker: ``compose`` (1), ``overrides`` (2, 3), ``startup`` (4), 
 
 from __future__ import annotations
 
-from recipe.exgrpo.tools.dry_run.compose import (
+from recipe.exgrpo.launch_checks.dry_run.compose import (
     CONFIG_DIR,
     DEFAULT_CONFIG_NAME,
     RECIPE_REWARD_FILE,
@@ -49,20 +49,20 @@ from recipe.exgrpo.tools.dry_run.compose import (
     compose_config,
     suggest_key,
 )
-from recipe.exgrpo.tools.dry_run.driver import build_parser, dry_run, main
-from recipe.exgrpo.tools.dry_run.memory import generation_memory
-from recipe.exgrpo.tools.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
-from recipe.exgrpo.tools.dry_run.overrides import OPEN_MAPS, VERL_RANGES, check_overrides
-from recipe.exgrpo.tools.dry_run.paths import check_context, check_paths, check_prompt_style, launch_path_checks
-from recipe.exgrpo.tools.dry_run.report import DryRunError, DryRunReport
-from recipe.exgrpo.tools.dry_run.reward_model import (
+from recipe.exgrpo.launch_checks.dry_run.driver import build_parser, dry_run, main
+from recipe.exgrpo.launch_checks.dry_run.memory import generation_memory
+from recipe.exgrpo.launch_checks.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
+from recipe.exgrpo.launch_checks.dry_run.overrides import OPEN_MAPS, VERL_RANGES, check_overrides
+from recipe.exgrpo.launch_checks.dry_run.paths import check_context, check_paths, check_prompt_style, launch_path_checks
+from recipe.exgrpo.launch_checks.dry_run.report import DryRunError, DryRunReport
+from recipe.exgrpo.launch_checks.dry_run.reward_model import (
     NODE_GPUS_ENV,
     REWARD_MODEL_BACKENDS,
     reward_model_problems,
     reward_summary,
 )
-from recipe.exgrpo.tools.dry_run.startup import run_entry_point_checks
-from recipe.exgrpo.tools.dry_run.workers import check_batch_split, check_reward_kwargs, run_worker_checks
+from recipe.exgrpo.launch_checks.dry_run.startup import run_entry_point_checks
+from recipe.exgrpo.launch_checks.dry_run.workers import check_batch_split, check_reward_kwargs, run_worker_checks
 
 __all__ = [
     "CONFIG_DIR",

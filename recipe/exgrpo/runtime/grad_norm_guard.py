@@ -31,7 +31,7 @@ from verl.utils.metric import AggregationType, Metric
 from recipe.exgrpo import verl_compat
 
 SKIP_ENV = "EXGRPO_SKIP_GRAD_NORM_ABOVE"
-MODULE = "recipe.exgrpo.engines"
+MODULE = "recipe.exgrpo.runtime.grad_norm_guard"
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 SKIPPED_METRIC = "exgrpo/update_skipped"
 

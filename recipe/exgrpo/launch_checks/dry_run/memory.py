@@ -1,4 +1,4 @@
-"""Checker 8 of the dry run: the GPU memory of generation (``recipe/exgrpo/tools/memory_estimate.py``)."""
+"""Checker 8 of the dry run: the GPU memory of generation (``recipe/exgrpo/launch_checks/memory_estimate.py``)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import os
 
 from omegaconf import DictConfig
 
-from recipe.exgrpo.tools.dry_run.report import DryRunError
+from recipe.exgrpo.launch_checks.dry_run.report import DryRunError
 
 
 def generation_memory(config: DictConfig, card_gib: float | None = None, model_params: float | None = None):
     """The memory estimate of a valid config, with the settings' environment defaults (``memory_estimate``)."""
-    from recipe.exgrpo.tools.memory_estimate import (
+    from recipe.exgrpo.launch_checks.memory_estimate import (
         CARD_GIB_ENV,
         DEFAULT_CARD_GIB,
         MODEL_PARAMS_ENV,

@@ -35,8 +35,8 @@ inside ``StageClock.stage(name, step)``; the task runner's main thread watches t
 deadline it
 
 1. writes the Python stacks of every thread of the task runner (the stage's own stack among them) and of every other
-   process of the run that registered for dumps (the driver, every Ray worker: ``recipe/exgrpo/stacks.py``, on every
-   node of the job) to ``<trainer.default_local_dir>/stage_deadline_step<N>_<stage>.txt``;
+   process of the run that registered for dumps (the driver, every Ray worker: ``recipe/exgrpo/runtime/stacks.py``,
+   on every node of the job) to ``<trainer.default_local_dir>/stage_deadline_step<N>_<stage>.txt``;
 2. stops every other process of the run on every node of the job (found by the run's token in their environment);
 3. removes the checkpoint of that step if it is not complete (``global_step_<N>`` while verl's tracker file, written
    last, does not name N), so the last complete checkpoint is what a resume finds;
@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipe.exgrpo import stacks
+from recipe.exgrpo.runtime import stacks
 
 BLOCK = "stage_deadlines"
 #: the stages of a step and their default deadlines in seconds (the module docstring says why these)
@@ -333,7 +333,7 @@ def _other_job_nodes(driver_node: str | None) -> list[str]:
     """The job's nodes (``ray_job.job_nodes``) and the driver's, without this process's node."""
     import ray
 
-    from recipe.exgrpo.ray_job import job_nodes
+    from recipe.exgrpo.runtime.ray_job import job_nodes
 
     if not ray.is_initialized():
         return []

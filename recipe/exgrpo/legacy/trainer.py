@@ -51,7 +51,7 @@ from recipe.exgrpo import verl_compat
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
-from recipe.exgrpo.generation import expand_by_counts, generate_with_counts
+from recipe.exgrpo.legacy.generation import expand_by_counts, generate_with_counts
 from recipe.exgrpo.mixed_batch import (
     CANDIDATE_KEY,
     IS_REPLAY_KEY,
@@ -73,7 +73,7 @@ from recipe.exgrpo.reward_scoring import (
     set_stored_replay_rewards,
     with_prompt_for_reward_functions,
 )
-from recipe.exgrpo.stage_deadlines import StageClock, deadlines_from_config
+from recipe.exgrpo.runtime.stage_deadlines import StageClock, deadlines_from_config
 from recipe.exgrpo.tool_turns import ToolCallDetector, tool_turn_metrics
 
 POOL_DIRNAME = "exgrpo"

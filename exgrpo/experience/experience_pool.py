@@ -29,10 +29,10 @@ import numpy as np
 from exgrpo.experience import masks
 from exgrpo.experience.arena import ArenaStorage
 from exgrpo.experience.buckets import BucketIndex
+from exgrpo.experience.collection import CollectionRules
 from exgrpo.experience.entries import EntryTable
 from exgrpo.experience.records import Candidate, CollectStats, Group, GroupMember, QuestionId, is_success
 from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, PerEntryStorage, TokenStorage
-from exgrpo.experience.writer import CollectionRules
 
 if TYPE_CHECKING:
     from exgrpo.config import ExGRPOConfig

@@ -1,6 +1,6 @@
 """Learning curves of CPU runs: parse verl's metrics file, draw the demo's PNG, aggregate seeds per arm.
 
-Used by the CPU demo (``recipe.exgrpo.cpu.demo``: one run, one PNG) and by ``benchmarks/learning_cpu.py``
+Used by the CPU demo (``recipe.exgrpo.harness.demo``: one run, one PNG) and by ``benchmarks/learning_cpu.py``
 (ExGRPO vs on-policy GRPO over seeds: a CSV of every point, a PNG of mean ± spread per arm, a Markdown table).
 Input is what verl's ``file`` logger writes (``metrics.jsonl``, one JSON line per logged step); the validation
 accuracy comes from verl's ``val-core/<data_source>/<acc|reward>/mean@N`` keys, one per difficulty level when

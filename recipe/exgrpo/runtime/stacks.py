@@ -12,7 +12,8 @@ collective) and no Python code of the process can run.
 :func:`collect_local` sends the signal to every registered process of the run on this node that still holds its
 file open, waits for the dumps and returns them; :func:`run_pids` finds every process of the run on this node by the
 token in its environment (a child that imported nothing included) and :func:`terminate_local` stops them. The stage
-watchdog (``recipe/exgrpo/stage_deadlines.py``) runs these on every node of the job when a stage passes its deadline.
+watchdog (``recipe/exgrpo/runtime/stage_deadlines.py``) runs these on every node of the job when a stage passes its
+deadline.
 Linux only (``/proc``); imports neither verl nor ray.
 """
 
@@ -31,7 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 TOKEN_ENV = "EXGRPO_RUN_TOKEN"
-MODULE = "recipe.exgrpo.stacks"
+MODULE = "recipe.exgrpo.runtime.stacks"
 DUMP_SIGNAL = signal.SIGUSR2
 SUFFIX = ".stacks"
 

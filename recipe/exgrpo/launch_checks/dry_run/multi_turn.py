@@ -20,8 +20,8 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recipe.exgrpo import verl_compat
+from recipe.exgrpo.launch_checks.dry_run.startup import error_text, stdout_to_stderr
 from recipe.exgrpo.tool_turns import runs_tools
-from recipe.exgrpo.tools.dry_run.startup import error_text, stdout_to_stderr
 
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 DEFAULT_AGENT_LOOP = "actor_rollout_ref.rollout.agent.default_agent_loop"
@@ -117,7 +117,7 @@ def sandbox_problems(config: DictConfig, check_files: bool) -> list[str]:
     return [
         f"EXGRPO_SANDBOX_REQUIRE_ISOLATION is on, but this machine's kernel offers landlock_abi="
         f"{available.get('landlock_abi')} seccomp={available.get('seccomp')}: the python tool would refuse every "
-        "call (exgrpo/sandbox.py needs Landlock and seccomp-BPF). Run on a kernel with both, or set "
+        "call (exgrpo/sandbox/runner.py needs Landlock and seccomp-BPF). Run on a kernel with both, or set "
         "EXGRPO_SANDBOX_REQUIRE_ISOLATION=0 to run the model's code with what this kernel offers"
     ]
 

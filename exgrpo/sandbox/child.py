@@ -1,4 +1,4 @@
-"""The child side of :mod:`exgrpo.sandbox`: run by path as ``python -I -S _sandbox_child.py CONFIG_JSON``.
+"""The child side of :mod:`exgrpo.sandbox.runner`: run by path as ``python -I -S child.py CONFIG_JSON``.
 
 It confines its own process, in this order, before it reads a line of the model's code: resource limits,
 capabilities dropped, ``no_new_privs``, Landlock, seccomp-BPF. Then it writes what it applied as one JSON object to

@@ -4,7 +4,7 @@ The CPU tool demo (``python -m recipe.exgrpo.cpu_demo --tools``, docs/tools.md) 
 agent loop with one function tool, the exact calculator of ``exgrpo.calculator``
 (``recipe/exgrpo/agent_tools/calculator.py``). A model has to be taught a tool-call format before RL can reward
 it for calling; real models learn theirs in post-training (Qwen2.5's hermes format), the tiny model learns it in its
-warm-up (``recipe.exgrpo.cpu.assets`` with a :class:`ToolUseSpec`):
+warm-up (``recipe.exgrpo.harness.assets`` with a :class:`ToolUseSpec`):
 
 - the tokenizer gets ``<tool_call>`` and ``</tool_call>`` as added, non-special tokens, as in Qwen2.5's vocabulary
   (they survive ``skip_special_tokens``, so the reward sees the call);

@@ -1,7 +1,7 @@
 """The reward of the CPU tool demo (``python -m recipe.exgrpo.cpu_demo --tools``): the recipe's binary reward, plus
 what the exchange did with the calculator.
 
-``reward.custom_reward_function.path=pkg://recipe.exgrpo.cpu.tool_reward`` (name ``compute_score``). The score is
+``reward.custom_reward_function.path=pkg://recipe.exgrpo.harness.tool_reward`` (name ``compute_score``). The score is
 the recipe's (``exgrpo.reward.grade``: the last ``\\boxed{}`` after ``</think>``, math-verify equivalence, graded in
 the calling thread like the demo's one-turn runs), on the decoded exchange: the model's turns and the calculator's
 answer between them. The calculator answers only with a bare number, so its turn never holds a box; the model has to
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from exgrpo.reward import grade
-from recipe.exgrpo.cpu.tool_task import TOOL_CALL_CLOSE, parse_tool_call, tool_answer
+from recipe.exgrpo.harness.tool_task import TOOL_CALL_CLOSE, parse_tool_call, tool_answer
 
 KEYS = ("score", "acc", "think_closed", "tool_call", "tool_answered")
 

@@ -2,7 +2,7 @@
 
 ``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [hydra overrides...]`` builds
 (or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
-(recipe/exgrpo/cpu/assets.py, no downloads), runs ``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend
+(recipe/exgrpo/harness/assets.py, no downloads), runs ``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend
 under a hard wall-clock limit, prints one short line per step (the full verl log goes to ``<out>/train.log``,
 every metric to ``<out>/metrics.jsonl``), and ends with a summary and a PNG learning curve (validation
 accuracy per difficulty, batch pass rate, pool size, replayed share).
@@ -26,8 +26,8 @@ from typing import Any
 
 from exgrpo.modes import DEFAULT_REWARD_MODE, get_reward_mode
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
-from recipe.exgrpo.cpu.procs import RunResult, run_ray_command_in_new_session
 from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides
+from recipe.exgrpo.harness.procs import RunResult, run_ray_command_in_new_session
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -66,7 +66,7 @@ class ExGRPOCpuRun:
     resume_from_path: str | None = None
     exgrpo_enable: bool = True
     # a reward file with verl's compute_score signature (None: the recipe's math-verify reward, or in the
-    # continuous reward mode the toy task's partial credit, recipe/exgrpo/cpu/partial_credit.py)
+    # continuous reward mode the toy task's partial credit, recipe/exgrpo/harness/partial_credit.py)
     reward_fn_path: str | None = None
     # exgrpo.reward_mode: binary (0/1 rewards) or continuous (real-valued rewards, docs/algorithm.md §13)
     reward_mode: str = DEFAULT_REWARD_MODE
@@ -100,16 +100,16 @@ DEMO_SETTINGS: dict = dict(
 # On the vLLM rollout the demo replays from step 2 (its model starts below the demo's τ, docs/cpu_backend.md).
 VLLM_DEMO_DELAYED_START = -1.0
 
-#: The calculator task's reward (``--tools``): the binary reward and the call figures (cpu/tool_reward.py).
-TOOL_REWARD = "pkg://recipe.exgrpo.cpu.tool_reward"
+#: The calculator task's reward (``--tools``): the binary reward and the call figures (harness/tool_reward.py).
+TOOL_REWARD = "pkg://recipe.exgrpo.harness.tool_reward"
 # ``--tools``: what changes from DEMO_SETTINGS. An exchange with a call is ~105 tokens (the call ~60, the tool's turn
-# ~20, the answer ~20, recipe/exgrpo/cpu/tool_task.py), one without ~20.
+# ~20, the answer ~20, recipe/exgrpo/harness/tool_task.py), one without ~20.
 TOOL_DEMO_SETTINGS: dict = dict(max_response_length=128)
 
 
 def tool_run(run: ExGRPOCpuRun) -> ExGRPOCpuRun:
     """``run`` on the calculator task: verl's tool agent loop with the calculator, the tool task's reward."""
-    from recipe.exgrpo.cpu.tool_task import multi_turn_overrides
+    from recipe.exgrpo.harness.tool_task import multi_turn_overrides
 
     for key, value in TOOL_DEMO_SETTINGS.items():
         setattr(run, key, value)
@@ -150,7 +150,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
     )
     overrides = cpu_overrides(spec) + [
         # the recipe's reward with its </think> gate on (as for the paper's Qwen-Math runs): the warmed-up model
-        # closes the think block in about half its answers (recipe/exgrpo/cpu/assets.py)
+        # closes the think block in about half its answers (recipe/exgrpo/harness/assets.py)
         "+reward.custom_reward_function.reward_kwargs.timeout_s=null",
         # Dr.GRPO constant normaliser L_max = the response budget of this tiny run (8192 in the 7B run)
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
@@ -174,7 +174,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
 
 
 #: The continuous mode's reward on the toy task: partial credit for the format and for each right digit.
-PARTIAL_CREDIT_REWARD = "pkg://recipe.exgrpo.cpu.partial_credit"
+PARTIAL_CREDIT_REWARD = "pkg://recipe.exgrpo.harness.partial_credit"
 #: The toy task's reward for each reward mode the demo runs (``--reward``): the reward function (None: the recipe's
 #: math-verify 0/1 reward, recipe/exgrpo/reward.py) and its name in the demo's lines.
 TOY_REWARDS: dict[str, tuple[str | None, str]] = {
@@ -210,7 +210,7 @@ def launch(
     logger writes it (the demo's short per-step line).
     """
     if assets is None:
-        from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
+        from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
 
         assets = ensure_assets(asset_spec(run.rollout))
     run.output_dir = Path(run.output_dir)
@@ -257,7 +257,7 @@ def _follow_text(path: Path, stop: threading.Event) -> None:
 
 def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict], None]) -> None:
     """Call ``on_step`` with each metrics row verl's file logger appends (it writes unbuffered, one line per step)."""
-    from recipe.exgrpo.cpu.learning_curves import parse_metrics_line
+    from recipe.exgrpo.harness.learning_curves import parse_metrics_line
 
     while not path.exists():
         if stop.wait(0.2):
@@ -292,7 +292,7 @@ def launch_or_reuse(run: ExGRPOCpuRun, assets, label: str, fresh: bool = False, 
     import shutil
     import tempfile
 
-    from recipe.exgrpo.cpu.learning_curves import read_metrics_file
+    from recipe.exgrpo.harness.learning_curves import read_metrics_file
 
     out = Path(run.output_dir)
     done = out / "done.json"
@@ -322,14 +322,14 @@ def launch_or_reuse(run: ExGRPOCpuRun, assets, label: str, fresh: bool = False, 
 
 def read_metrics(output_dir: str | Path) -> list[dict]:
     """The per-step metric dicts verl's file logger wrote (one JSON line per step)."""
-    from recipe.exgrpo.cpu.learning_curves import read_metrics_file
+    from recipe.exgrpo.harness.learning_curves import read_metrics_file
 
     return read_metrics_file(Path(output_dir) / "metrics.jsonl")
 
 
 def step_line(row: dict, total_steps: int) -> str | None:
     """The few figures a person watches, for one metrics row (None for rows without them)."""
-    from recipe.exgrpo.cpu.learning_curves import level_name, ordered_levels, validation_by_source
+    from recipe.exgrpo.harness.learning_curves import level_name, ordered_levels, validation_by_source
 
     parts = []
     step = int(row.get("step") or 0)
@@ -469,8 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     name = "cpu_demo" + ("_tools" if args.tools else "") + ("" if args.rollout == "hf" else f"_{args.rollout}")
     out = Path(args.out or REPO_ROOT / "outputs" / name)
-    from recipe.exgrpo.cpu.assets import asset_spec, ensure_assets
-    from recipe.exgrpo.cpu.learning_curves import describe_run, plot_run, run_curve
+    from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
+    from recipe.exgrpo.harness.learning_curves import describe_run, plot_run, run_curve
 
     if args.rollout == "vllm":
         from recipe.exgrpo.cpu.vllm_stack import stack_problems

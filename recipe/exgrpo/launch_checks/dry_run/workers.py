@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.exgrpo.tools.dry_run.compose import RECIPE_REWARD_FILE
-from recipe.exgrpo.tools.dry_run.startup import error_text, stdout_to_stderr
+from recipe.exgrpo.launch_checks.dry_run.compose import RECIPE_REWARD_FILE
+from recipe.exgrpo.launch_checks.dry_run.startup import error_text, stdout_to_stderr
 
 
 def run_worker_checks(config: DictConfig) -> list[str]:

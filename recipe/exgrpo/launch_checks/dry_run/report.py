@@ -8,8 +8,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.exgrpo.tools.dry_run.multi_turn import multi_turn_summary
-from recipe.exgrpo.tools.dry_run.reward_model import reward_summary
+from recipe.exgrpo.launch_checks.dry_run.multi_turn import multi_turn_summary
+from recipe.exgrpo.launch_checks.dry_run.reward_model import reward_summary
 
 
 class DryRunError(ValueError):
@@ -65,7 +65,7 @@ class DryRunReport:
         else:
             parts.append("exgrpo: disabled (on-policy Dr.GRPO baseline)")
         parts += reward_summary(c, x)
-        from recipe.exgrpo.stage_deadlines import deadlines_from_config
+        from recipe.exgrpo.runtime.stage_deadlines import deadlines_from_config
 
         parts.append(deadlines_from_config(c).describe())
         parts += multi_turn_summary(c)

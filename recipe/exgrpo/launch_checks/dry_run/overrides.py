@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.exgrpo.tools.dry_run.compose import CONFIG_DIR, DEFAULT_CONFIG_NAME, base_config, suggest_key
+from recipe.exgrpo.launch_checks.dry_run.compose import CONFIG_DIR, DEFAULT_CONFIG_NAME, base_config, suggest_key
 
 #: Maps whose keys are free (they are passed on as **kwargs): adding a key under them with ``+``/``++`` is normal.
 OPEN_MAPS: tuple[str, ...] = (

@@ -1,7 +1,7 @@
 """Run model-written Python in a confined, fresh process: the interpreter behind a tool-integrated-reasoning tool.
 
 ``run_python(code, SandboxLimits(...))`` returns a :class:`SandboxResult`; ``result.as_tool_text()`` is what the
-model reads. Every call starts a new interpreter, ``python -I -S exgrpo/_sandbox_child.py`` (no site-packages unless
+model reads. Every call starts a new interpreter, ``python -I -S exgrpo/sandbox/child.py`` (no site-packages unless
 ``site_packages``, no ``PYTHON*`` variables, no user site), in its own session and process group, with only ``PATH``
 (and one-thread settings of the math libraries) in its environment and a fresh private temp dir as its cwd, ``HOME``
 and ``TMPDIR``, removed afterwards. The child confines itself
@@ -58,11 +58,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exgrpo import _sandbox_child as _child
+from exgrpo.sandbox import child as _child
 
 logger = logging.getLogger(__name__)
 
-CHILD = Path(__file__).with_name("_sandbox_child.py")
+CHILD = Path(__file__).with_name("child.py")
 #: the child's whole environment besides HOME and TMPDIR: nothing of the trainer's (tokens, paths) leaks in
 CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: math libraries start one thread, not one per core (each thread's buffers count against RLIMIT_AS)
