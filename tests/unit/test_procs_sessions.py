@@ -207,7 +207,11 @@ BURN_IN_A_CHILD = [
 
 
 def test_the_run_counts_the_cpu_seconds_of_every_process_of_its_session(tmp_path):
-    busy = run_in_new_session(BURN_IN_A_CHILD, env={}, timeout_s=120, log_path=tmp_path / "busy.log")
+    # sampled every 0.1 s: the child's last sample period is lost when it ends, and at the default 0.5 s that period is
+    # a third of its 1.5 CPU s (0.99 counted on a quiet machine)
+    busy = run_in_new_session(
+        BURN_IN_A_CHILD, env={}, timeout_s=120, log_path=tmp_path / "busy.log", sample_rss_every_s=0.1
+    )
     idle = run_in_new_session(["sleep", "2"], env={}, timeout_s=120, log_path=tmp_path / "idle.log")
     assert busy.returncode == 0 and idle.returncode == 0
     # the child's burn is counted though it ended before the session did (the last sample period may be missed)
