@@ -27,7 +27,7 @@ function) in verl's reward-loop workers, for every generated response and for th
 (the replayed members). The prompt: verl does not pass it to reward functions, but its manager merges the row's
 ``tool_extra_fields`` into ``extra_info``; for a generated response those are the agent loop's extra fields, which
 hold ``raw_prompt`` (the conversation), and for the rows the trainer scores it puts ``raw_prompt`` there itself
-(``reward_scoring.with_prompt_for_reward_functions``).
+(``replay_step.scoring.with_prompt_for_reward_functions``).
 
 Nothing waits for ever: every request has a total timeout (``timeout_s``), server errors (5xx) and connection
 failures are retried ``max_retries`` times with a growing pause, a client error (4xx) is not retried, and then

@@ -18,8 +18,8 @@ from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from exgrpo.modes.continuous import ContinuousMode, ContinuousRules  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
-from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY, build_replay_members, collection_groups, mark_fresh  # noqa: E402
-from recipe.exgrpo.reward_scoring import (  # noqa: E402
+from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY, build_replay_members, collection_groups, mark_fresh  # noqa: E402
+from recipe.exgrpo.replay_step.scoring import (  # noqa: E402
     mode_reward_metrics,
     reward_model_colocated,
     score_with_colocated_reward_model,

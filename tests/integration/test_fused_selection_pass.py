@@ -24,7 +24,7 @@ from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
-from recipe.exgrpo.mixed_batch import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
+from recipe.exgrpo.replay_step.batch import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
 
 PAD, VOCAB = 0, 40
 P_LEN, R_LEN = 6, 9

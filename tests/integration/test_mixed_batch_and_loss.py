@@ -20,7 +20,7 @@ from exgrpo.objective import LossSettings, mixed_policy_loss  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
 from recipe.exgrpo.legacy.trainer import replay_group_metrics  # noqa: E402
-from recipe.exgrpo.mixed_batch import (  # noqa: E402
+from recipe.exgrpo.replay_step.batch import (  # noqa: E402
     BEHAVIOUR_LOG_PROBS_KEY,
     CANDIDATE_KEY,
     IS_REPLAY_KEY,

@@ -24,7 +24,7 @@ from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from exgrpo.objective import LossSettings  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
-from recipe.exgrpo.mixed_batch import (  # noqa: E402
+from recipe.exgrpo.replay_step.batch import (  # noqa: E402
     BEHAVIOUR_LOG_PROBS_KEY,
     MIXED_KEY,
     NUM_TURNS_KEY,

@@ -23,7 +23,7 @@ from verl.trainer.ppo.reward import load_reward_manager  # noqa: E402
 
 from recipe.exgrpo import reward_model_client  # noqa: E402
 from recipe.exgrpo.harness.assets import build_tokenizer  # noqa: E402
-from recipe.exgrpo.reward_scoring import with_prompt_for_reward_functions  # noqa: E402
+from recipe.exgrpo.replay_step.scoring import with_prompt_for_reward_functions  # noqa: E402
 
 MODEL = "/models/Skywork-Reward-Llama-3.1-8B-v0.2"
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}]

@@ -28,7 +28,7 @@ from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY  # noqa: E402
 from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
-from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY, generation_counts  # noqa: E402
+from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY, generation_counts  # noqa: E402
 from recipe.exgrpo.tool_turns import ToolCallDetector  # noqa: E402
 
 PAD = 0

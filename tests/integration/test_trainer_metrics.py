@@ -18,7 +18,7 @@ from recipe.exgrpo.legacy.trainer import (  # noqa: E402
     rollout_actor_agreement,
     sampled_pass_rate,
 )
-from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY  # noqa: E402
+from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY  # noqa: E402
 
 
 def _batch(rollout: torch.Tensor, actor: torch.Tensor, mask: torch.Tensor, replay: list[bool]) -> DataProto:

@@ -25,7 +25,7 @@ from exgrpo.config import ConfigError  # noqa: E402
 from exgrpo.objective import LossSettings, fresh_clip_on  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra  # noqa: E402
-from recipe.exgrpo.mixed_batch import (  # noqa: E402
+from recipe.exgrpo.replay_step.batch import (  # noqa: E402
     EXPERIENCE_GROUP_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,

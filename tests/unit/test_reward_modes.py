@@ -197,7 +197,7 @@ def test_the_scan_lets_generic_comparisons_pass():
 #: the step's path: its code must not depend on which rollout serves it (hf, vllm) nor which reward mode is on
 STEP_PATH = (
     "recipe/exgrpo/legacy/trainer.py",
-    "recipe/exgrpo/mixed_batch.py",
+    "recipe/exgrpo/replay_step/batch.py",
     "recipe/exgrpo/actor_loss.py",
     "recipe/exgrpo/tool_turns.py",
     "exgrpo/experience/experience_pool.py",

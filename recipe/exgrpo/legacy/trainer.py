@@ -52,7 +52,7 @@ from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.legacy.generation import expand_by_counts, generate_with_counts
-from recipe.exgrpo.mixed_batch import (
+from recipe.exgrpo.replay_step.batch import (
     CANDIDATE_KEY,
     IS_REPLAY_KEY,
     MIXED_KEY,
@@ -66,7 +66,7 @@ from recipe.exgrpo.mixed_batch import (
     replayed_row_digests,
     selected_candidate_indices,
 )
-from recipe.exgrpo.reward_scoring import (
+from recipe.exgrpo.replay_step.scoring import (
     mode_reward_metrics,
     reward_model_colocated,
     score_with_colocated_reward_model,

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.utils.debug import marked_timer
 
-from recipe.exgrpo.mixed_batch import IS_REPLAY_KEY
+from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY
 
 __all__ = [
     "PROMPT_FIELDS_KEY",
