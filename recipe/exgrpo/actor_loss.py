@@ -23,7 +23,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
 from exgrpo.objective import LOSS_METRIC_KINDS, LossSettings, Normalisers, mixed_policy_loss
-from recipe.exgrpo.replay_step.batch import (
+from recipe.exgrpo.replay_step.fields import (
     BEHAVIOUR_LOG_PROBS_KEY,
     EXPERIENCE_GROUP_KEY,
     IS_REPLAY_KEY,
@@ -101,7 +101,7 @@ def exgrpo_actor_loss(config, model_output, data: TensorDict, dp_group=None, *, 
         if missing:
             raise KeyError(
                 f"exgrpo.weight_terms_by_ratio=true but the micro-batch lacks {missing}: the trainer adds them with "
-                "recipe.exgrpo.replay_step.batch.mark_replay_groups once the replayed members are appended"
+                "ReplayStep.mark_update_rows (recipe/exgrpo/replay_step/step.py) once the replayed members are appended"
             )
         fields += [RATIO_KEY, EXPERIENCE_GROUP_KEY]
     padded = data.select(*fields).to_padded_tensor()

@@ -20,6 +20,8 @@ __all__ = [
     "StartupConfigError",
     "check_startup_config",
     "exgrpo_config_from_hydra",
+    "replay_response_width",
+    "reward_model_colocated",
     "verl_setting_problems",
 ]
 
@@ -317,3 +319,27 @@ def check_startup_config(config) -> ExGRPOConfig:
     if problems:
         raise StartupConfigError(problems)
     return exgrpo
+
+
+# ------------------------------------------------------------------------------------ what the replay step reads
+def reward_model_colocated(config: Any) -> bool:
+    """A reward model is on and shares the actor's GPUs (so verl's agent loop does not score the responses)."""
+    enable = OmegaConf.select(config, "reward.reward_model.enable", default=False)
+    own_pool = OmegaConf.select(config, "reward.reward_model.enable_resource_pool", default=False)
+    return bool(enable) and not bool(own_pool)
+
+
+def replay_response_width(config: Any) -> int:
+    """The response width of a step's rows: stored trajectories longer than this cannot join them.
+
+    verl's agent loop pads every generated response to ``actor_rollout_ref.rollout.response_length`` (which
+    defaults to ``data.max_response_length`` but may be set lower), and the candidate rows copy that width; the
+    smaller of the two settings is the bound, so a long stored trajectory is left out of the plan (and counted in
+    ``exgrpo/selection/too_long_candidates``, a question with none left in ``exgrpo/replay/dropped_too_long``)
+    instead of failing the step when it is appended.
+    """
+    widths = [int(config.data.max_response_length)]
+    rollout_width = OmegaConf.select(config, "actor_rollout_ref.rollout.response_length", default=None)
+    if rollout_width is not None:
+        widths.append(int(rollout_width))
+    return min(widths)

@@ -15,8 +15,9 @@ from typing import Any
 
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-QUESTION_ID_KEY = "exgrpo_question_id"
-ROW_KEY = "exgrpo_row"
+from recipe.exgrpo.replay_step.fields import QUESTION_ID_KEY, ROW_KEY
+
+__all__ = ["QUESTION_ID_KEY", "ROW_KEY", "ExGRPODataset", "question_id_of"]
 
 
 def question_id_of(extra_info: Any, prompt: Any) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-__all__ = ["ToolCallDetector", "runs_tools", "tool_turn_metrics"]
+__all__ = ["ToolCallDetector", "last_model_turn", "runs_tools"]
 
 #: where verl 0.9.1's parsers keep the text that opens a tool call (hermes, qwen3_coder, glm, seed, minimax, gemma4:
 #: tool_call_start_token; kimi: tool_calls_section_start_token; deepseek_v4: tool_calls_start_token)
@@ -43,40 +43,6 @@ def last_model_turn(mask: np.ndarray) -> tuple[int, int] | None:
     gaps = np.flatnonzero(np.diff(model) > 1)
     start = int(model[gaps[-1] + 1]) if gaps.size else int(model[0])
     return start, stop
-
-
-def rows_with_tool_turn(masks: np.ndarray) -> np.ndarray:
-    """Per row of a ``(rows, length)`` response mask: whether the response holds a tool's answer, i.e. a context
-    token (mask 0) before its last model token (mask 1). The padding after the last model token does not count."""
-    m = np.asarray(masks, dtype=bool)
-    if m.ndim != 2 or m.shape[1] == 0:
-        return np.zeros(len(m), dtype=bool)
-    last = m.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1)  # index of each row's last model token
-    model_up_to_last = np.cumsum(m, axis=1)[np.arange(len(m)), last]
-    return m.any(axis=1) & (model_up_to_last < last + 1)
-
-
-def tool_turn_metrics(scores: np.ndarray, masks: np.ndarray, generated: np.ndarray) -> dict[str, float]:
-    """How this step's responses used tools: of those generated, the share that got a tool's answer
-    (``exgrpo/multi_turn/tool_turn_share``) and the mean reward of those with one and of those without
-    (``reward_with_tool_turn``, ``reward_without_tool_turn``; in the binary mode their pass rates), so a run shows
-    whether calling pays and whether the policy calls more; of the replayed members, the share that hold a tool turn
-    (``replayed_tool_turn_share``). ``masks``: the rows' response masks (model tokens 1)."""
-    generated = np.asarray(generated, dtype=bool)
-    holds = rows_with_tool_turn(masks)
-    out = {}
-    if (~generated).any():
-        out["exgrpo/multi_turn/replayed_tool_turn_share"] = float(holds[~generated].mean())
-    scores = np.asarray(scores, dtype=np.float64)[generated]
-    with_tool = holds[generated]
-    if not len(with_tool):
-        return out
-    out["exgrpo/multi_turn/tool_turn_share"] = float(with_tool.mean())
-    if with_tool.any():
-        out["exgrpo/multi_turn/reward_with_tool_turn"] = float(scores[with_tool].mean())
-    if (~with_tool).any():
-        out["exgrpo/multi_turn/reward_without_tool_turn"] = float(scores[~with_tool].mean())
-    return out
 
 
 class ToolCallDetector:

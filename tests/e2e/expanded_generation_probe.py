@@ -82,7 +82,13 @@ def run_probe(out_dir: Path, counts: list[int], wall_limit_s: float) -> dict[str
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = verl_compat.gen_batch(trainer, batch)
         gen_batch.meta_info["global_steps"] = 1
-        output = generate_with_counts(trainer, gen_batch, counts)
+        output = generate_with_counts(
+            trainer.async_rollout_manager,
+            gen_batch,
+            counts,
+            num_workers=int(cfg.actor_rollout_ref.rollout.agent.num_workers),
+            sleep=trainer.checkpoint_manager.sleep_replicas,
+        )
         full = expand_by_counts(batch, counts).union(output)
         uids = list(full.non_tensor_batch["uid"])
         group_sizes = [uids.count(u) for u in dict.fromkeys(uids)]

@@ -1,5 +1,6 @@
 """Trajectory selection folded into the old-log-prob pass, without Ray: the trainer's own step code
-(``RayExGRPOTrainer._score_and_select``) on hand-made DataProtos and a fixed actor (a tiny random Qwen2 in float64).
+(``RayExGRPOTrainer._score_and_select``: the replay step over the trainer's old-log-prob pass) on hand-made DataProtos
+and a fixed actor (a tiny random Qwen2 in float64).
 
 It must select the same stored trajectories as the two-pass method it replaced (each candidate scored on its own:
 its question's prompt + the stored response, unpadded), give the replayed member the old log-probs a separate
@@ -23,8 +24,10 @@ from verl import DataProto  # noqa: E402
 from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
-from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
-from recipe.exgrpo.replay_step.batch import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
+from recipe.exgrpo.config_bridge import replay_response_width  # noqa: E402
+from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer, as_dataproto, rows_of  # noqa: E402
+from recipe.exgrpo.replay_step import ReplayStep, StepState  # noqa: E402
+from recipe.exgrpo.replay_step.fields import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
 
 PAD, VOCAB = 0, 40
 P_LEN, R_LEN = 6, 9
@@ -73,7 +76,16 @@ class _Harness(RayExGRPOTrainer):
     def __init__(self, actor, experience, dp_size=2, micro_batch=2, balance=True):  # no super(): no Ray
         self.actor = actor
         self.dp_size = dp_size
-        self.experience = experience
+        self.replay = ReplayStep(
+            experience.cfg,
+            experience=experience,
+            questions_per_step=4,
+            question_ids=[],
+            row_of_question={},
+            epoch_batches=list,
+            pad_token_id=PAD,
+            response_width=R_LEN,
+        )
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
         self.config = OmegaConf.create(
             {
@@ -86,8 +98,16 @@ class _Harness(RayExGRPOTrainer):
         self.pass_sizes: list[int] = []
         self.reward_loop_manager = SimpleNamespace(compute_rm_score=self._reward)
         self.actor_rollout_wg = None  # _get_dp_size is overridden; _compute_old_log_prob is the fixed actor
-        self._step_trace = {}
-        self.global_steps = 2  # the step the stages run in (the stage clock names it)
+        self.trace: dict = {}  # the last step's trace record
+
+    def select(self, batch, counts, num_fresh, plan):
+        """The trainer's ``_score_and_select`` at step 2 on ``batch`` (generated rows grouped by ``counts``)."""
+        fresh_rows = list(range(num_fresh))
+        state = StepState(step=2, is_last=False, mixed=True, plan=plan, fresh_rows=fresh_rows, counts=counts)
+        state.rows = rows_of(batch)
+        self._score_and_select(state)
+        self.trace = state.trace
+        return as_dataproto(state.rows)
 
     def _get_dp_size(self, worker_group, role):
         return self.dp_size
@@ -173,7 +193,7 @@ def _step(actor, rng, metric="entropy", dp_size=2, balance=True):
             uids.append(f"u{i}")
     batch = _rows(row_prompts, row_resp, uids)
     harness = _Harness(actor, mgr, dp_size=dp_size, balance=balance)
-    out = harness._score_and_select(batch.select_idxs(np.arange(len(batch))), counts, 2, plan, {}, {})
+    out = harness.select(batch.select_idxs(np.arange(len(batch))), counts, 2, plan)
     return harness, plan, batch, out, prompt_of
 
 
@@ -189,7 +209,7 @@ def test_fused_pass_selects_what_the_two_pass_method_selects(actor, dp_size, bal
         means = [float(_alone(actor, prompt_of[q], c.token_ids)[1].mean()) for c in cands]
         expected.append(cands[int(np.argmin(means))])
         assert len(set(np.round(means, 6))) == len(means), "test data must not tie"
-    assert harness._step_trace["selected_entry_ids"] == [c.entry_id for c in expected]
+    assert harness.trace["selected_entry_ids"] == [c.entry_id for c in expected]
     # the step's rows: the generated ones unchanged, then the replayed members
     assert len(out) == n_gen + len(plan) and CANDIDATE_KEY not in out.batch.keys()
     assert "entropys" not in out.batch.keys()
@@ -215,17 +235,17 @@ def test_model_free_metric_puts_only_the_chosen_trajectory_in_the_pass(actor):
     harness, plan, gen, out, _ = _step(actor, np.random.default_rng(11), metric="random")
     assert not plan.needs_scores and plan.num_candidates == 2
     assert len(harness.pass_sizes) == 1 and len(out) == len(gen) + 2
-    assert harness._step_trace["selected_entry_ids"] == [s.entry_id for s in plan.preselected]
+    assert harness.trace["selected_entry_ids"] == [s.entry_id for s in plan.preselected]
 
 
 def test_a_step_without_replay_is_one_plain_pass(actor):
     rng = np.random.default_rng(5)
     cfg = ExGRPOConfig.from_dict({"delayed_start_threshold": 0.5}, k=K)
     harness = _Harness(actor, ExperienceManager(cfg))
-    plan = harness.experience.plan_replay(4, 1)
+    plan = harness.replay.experience.plan_replay(4, 1)
     assert len(plan) == 0
     gen = _rows([rng.integers(1, VOCAB, 3)] * 8, [rng.integers(1, VOCAB, 4)] * 8, ["a"] * 4 + ["b"] * 4)
-    out = harness._score_and_select(gen, np.array([K, K]), 2, plan, {}, {})
+    out = harness.select(gen, np.array([K, K]), 2, plan)
     assert harness.pass_sizes == [8] and len(out) == 8 and not bool(out.batch[IS_REPLAY_KEY].any())
 
 
@@ -252,8 +272,7 @@ def test_candidates_longer_than_the_generated_rows_are_left_out_and_counted(acto
         harness.config,
         {"data": {"max_response_length": R_LEN}, "actor_rollout_ref": {"rollout": {"response_length": width}}},
     )
-    harness.questions_per_step, harness.global_steps = 4, 2
-    plan = harness._plan_replay()
+    plan = mgr.plan_replay(4, 2, max_response_length=replay_response_width(harness.config))
     # the step as the trainer runs it: B - n_exp fresh prompts x K, then K-1 rows per replayed question, every row
     # of the rollout's width (a stored trajectory wider than that used to fail here, in append_candidates)
     num_fresh = 4 - len(plan)
@@ -267,7 +286,7 @@ def test_candidates_longer_than_the_generated_rows_are_left_out_and_counted(acto
         batch.batch[key] = batch.batch[key][:, :width]
     for key in ("input_ids", "attention_mask", "position_ids"):
         batch.batch[key] = batch.batch[key][:, : P_LEN + width]
-    out = harness._score_and_select(batch, counts, num_fresh, plan, {}, {})
+    out = harness.select(batch, counts, num_fresh, plan)
     assert len(out) == len(batch) + len(plan) and out.batch["responses"].shape[1] == width
     # what was left out: one candidate of "fits", both of "too_long", which is not replayed (a fresh prompt took
     # its place)
@@ -310,7 +329,7 @@ def _multi_turn_step(actor, rng):
             uids.append(f"u{i}")
     batch = _rows(row_prompts, row_resp, uids)
     harness = _Harness(actor, mgr)
-    out = harness._score_and_select(batch.select_idxs(np.arange(len(batch))), counts, 2, plan, {}, {})
+    out = harness.select(batch.select_idxs(np.arange(len(batch))), counts, 2, plan)
     return harness, plan, batch, out, prompt_of
 
 
@@ -327,7 +346,7 @@ def test_the_fused_pass_selects_multi_turn_exchanges_by_their_model_tokens_entro
         expected.append(cands[int(np.argmin(model_mean))])
         differs |= int(np.argmin(model_mean)) != int(np.argmin(all_mean))
     assert differs, "test data must tell the model tokens' entropy from the whole exchange's"
-    assert harness._step_trace["selected_entry_ids"] == [c.entry_id for c in expected]
+    assert harness.trace["selected_entry_ids"] == [c.entry_id for c in expected]
     n_gen = len(gen)
     for j, c in enumerate(expected):
         row = n_gen + j

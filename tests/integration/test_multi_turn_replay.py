@@ -23,17 +23,20 @@ from exgrpo.experience import masks  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from exgrpo.objective import LossSettings  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
-from recipe.exgrpo.dataset import QUESTION_ID_KEY  # noqa: E402
+from recipe.exgrpo.replay_step import Rows  # noqa: E402
 from recipe.exgrpo.replay_step.batch import (  # noqa: E402
-    BEHAVIOUR_LOG_PROBS_KEY,
-    MIXED_KEY,
-    NUM_TURNS_KEY,
     append_candidates,
     build_replay_members,
     collection_groups,
     mark_fresh,
     replayed_row_digests,
     turn_count,
+)
+from recipe.exgrpo.replay_step.fields import (  # noqa: E402
+    BEHAVIOUR_LOG_PROBS_KEY,
+    MIXED_KEY,
+    NUM_TURNS_KEY,
+    QUESTION_ID_KEY,
 )
 from recipe.exgrpo.tool_turns import ToolCallDetector, last_model_turn, runs_tools  # noqa: E402
 
@@ -50,7 +53,7 @@ def _objects(values) -> np.ndarray:
     return out
 
 
-def _rows(responses, masks_, uids, seed=0, extra=None) -> DataProto:
+def _rows(responses, masks_, uids, seed=0, extra=None) -> Rows:
     """Rows as verl's agent loop hands them over: responses right-padded, ``response_mask`` 1 on the model's tokens
     only, attention 1 on every response token, rollout log-probs 0.0 on the others, and the loop's per-row keys."""
     g = torch.Generator().manual_seed(seed)
@@ -81,7 +84,8 @@ def _rows(responses, masks_, uids, seed=0, extra=None) -> DataProto:
         "tool_rewards": _objects([[0.0] * (turn_count(m) // 2 - 1) for m in masks_]),
     }
     data.update(extra or {})
-    return DataProto.from_single_dict(data)
+    tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    return Rows.of(tensors, {k: v for k, v in data.items() if k not in tensors})
 
 
 def _defect(member):
@@ -104,14 +108,14 @@ def test_collection_takes_the_whole_exchange_with_its_mask_and_log_probs():
     single = [1] * 6
     gen = _rows([_exchange(0), _exchange(1, single)], [EXCHANGE_MASK, single], ["a", "a"])
     mark_fresh(gen)
-    gen.batch["old_log_probs"] = -torch.rand(2, R_LEN) - 0.1  # the actor's: a value on every position
-    gen.batch["token_level_scores"] = torch.zeros(2, R_LEN)
-    gen.batch["token_level_scores"][:, 0] = 1.0
-    gen.non_tensor_batch[QUESTION_ID_KEY] = np.array(["q", "q"], dtype=object)
+    gen.tensors["old_log_probs"] = -torch.rand(2, R_LEN) - 0.1  # the actor's: a value on every position
+    gen.tensors["token_level_scores"] = torch.zeros(2, R_LEN)
+    gen.tensors["token_level_scores"][:, 0] = 1.0
+    gen.columns[QUESTION_ID_KEY] = np.array(["q", "q"], dtype=object)
     (multi, one) = collection_groups(gen)["q"]
     assert multi.token_ids.tolist() == _exchange(0)  # tool outputs included, not only the model's tokens
     assert np.asarray(multi.loss_mask).astype(int).tolist() == EXCHANGE_MASK and _defect(multi) is None
-    assert np.array_equal(multi.behaviour_log_probs, gen.batch["old_log_probs"][0, :12].numpy())
+    assert np.array_equal(multi.behaviour_log_probs, gen.tensors["old_log_probs"][0, :12].numpy())
     assert one.loss_mask is None and len(one.token_ids) == 6  # a single-turn response: no mask to carry
     # the pool stores it as handed over: the same tokens and mask come back
     mgr = ExperienceManager(ExGRPOConfig.from_dict({}, k=2))
@@ -130,10 +134,10 @@ def test_collection_names_what_must_not_be_stored():
         ["a"] * 3,
     )
     mark_fresh(gen)
-    gen.batch["old_log_probs"] = -torch.rand(3, R_LEN) - 0.1
-    gen.batch["token_level_scores"] = torch.zeros(3, R_LEN)
-    gen.batch["rollout_log_probs"][1, 6] = -0.7  # the rollout sampled a token its mask calls a tool's
-    gen.non_tensor_batch[QUESTION_ID_KEY] = np.array(["q"] * 3, dtype=object)
+    gen.tensors["old_log_probs"] = -torch.rand(3, R_LEN) - 0.1
+    gen.tensors["token_level_scores"] = torch.zeros(3, R_LEN)
+    gen.tensors["rollout_log_probs"][1, 6] = -0.7  # the rollout sampled a token its mask calls a tool's
+    gen.columns[QUESTION_ID_KEY] = np.array(["q"] * 3, dtype=object)
     ok, disagree, cut = collection_groups(gen)["q"]
     assert _defect(ok) is None and _defect(disagree) == masks.INCONSISTENT
     assert _defect(cut) is None and masks.trajectory_defect(cut.behaviour_log_probs, np.asarray(cut.loss_mask, bool))[
@@ -208,8 +212,8 @@ def test_a_replayed_row_is_rebuilt_with_its_stored_mask_and_carries_every_key():
     gen = _rows([_exchange(7, [1] * 3)] * 3, [[1] * 3] * 3, ["g"] * 3)  # K - 1 generated rows of the replay group
     mark_fresh(gen)
     batch = append_candidates(gen, np.array([3]), 0, [[multi, single]], PAD)
-    rows = batch.select_idxs(np.array([3, 4]))
-    b = rows.batch
+    rows = batch.select(np.array([3, 4]))
+    b = rows.tensors
     assert b["responses"][0, :12].tolist() == multi.token_ids.tolist()
     assert b["response_mask"][0].tolist() == EXCHANGE_MASK + [0] * 4  # the stored mask, not ones over its length
     assert b["attention_mask"][0, P_LEN:].tolist() == [1] * 12 + [0] * 4  # the tool output is context: attended
@@ -220,10 +224,10 @@ def test_a_replayed_row_is_rebuilt_with_its_stored_mask_and_carries_every_key():
     assert torch.equal(b["rollout_log_probs"][0], b[BEHAVIOUR_LOG_PROBS_KEY][0])
     assert b["response_mask"][1].tolist() == [1] * 7 + [0] * 9
     # every key of the generated rows, with the stored exchange's own turn count and no tool record of the loop
-    assert set(rows.non_tensor_batch) == set(gen.non_tensor_batch)
-    assert rows.non_tensor_batch[NUM_TURNS_KEY].tolist() == [4, 2]
-    assert rows.non_tensor_batch["tool_rewards"].tolist() == [None, None]
-    assert gen.non_tensor_batch[NUM_TURNS_KEY].tolist() == [2, 2, 2]  # the template rows are untouched
+    assert set(rows.columns) == set(gen.columns)
+    assert rows.columns[NUM_TURNS_KEY].tolist() == [4, 2]
+    assert rows.columns["tool_rewards"].tolist() == [None, None]
+    assert gen.columns[NUM_TURNS_KEY].tolist() == [2, 2, 2]  # the template rows are untouched
     # the trace's digests are those of the stored tokens and mask
     digests = replayed_row_digests(batch)
     sha = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]  # noqa: E731
@@ -240,7 +244,7 @@ def test_a_multimodal_row_is_refused_by_name():
     # verl's agent loop gives a text-only row an empty multi_modal_inputs: replayed like any text row
     gen = _rows([_exchange(8, [1] * 3)], [[1] * 3], ["g"], extra={"multi_modal_inputs": np.array([{}], dtype=object)})
     rows = build_replay_members(gen, [np.array([5, 6])], [np.array([-0.1, -0.2], np.float32)], PAD)
-    assert rows.batch["responses"][0, :2].tolist() == [5, 6]
+    assert rows.tensors["responses"][0, :2].tolist() == [5, 6]
 
 
 TOOL_COLS = [c for c, m in enumerate(EXCHANGE_MASK) if not m]
@@ -253,15 +257,15 @@ def _micro_batch(behaviour, tool_shift=0.0):
     _, (multi, _) = _stored_pool()
     gen = _rows([_exchange(10)], [EXCHANGE_MASK], ["g"], seed=3)
     mark_fresh(gen)
-    batch = DataProto.concat([gen, build_replay_members(gen, [multi.token_ids], [behaviour], PAD, [multi.loss_mask])])
+    batch = Rows.concat([gen, build_replay_members(gen, [multi.token_ids], [behaviour], PAD, [multi.loss_mask])])
     g = torch.Generator().manual_seed(4)
-    batch.batch["old_log_probs"] = -torch.rand(2, R_LEN, generator=g) - 0.2
-    batch.batch["old_log_probs"][:, TOOL_COLS] += tool_shift
-    batch.batch["advantages"] = torch.tensor([[-0.5], [0.5]]).expand(2, R_LEN) * batch.batch["response_mask"]
-    batch.batch[MIXED_KEY] = torch.full((2,), True)
-    td = left_right_2_no_padding(batch.to_tensordict())
+    batch.tensors["old_log_probs"] = -torch.rand(2, R_LEN, generator=g) - 0.2
+    batch.tensors["old_log_probs"][:, TOOL_COLS] += tool_shift
+    batch.tensors["advantages"] = torch.tensor([[-0.5], [0.5]]).expand(2, R_LEN) * batch.tensors["response_mask"]
+    batch.tensors[MIXED_KEY] = torch.full((2,), True)
+    td = left_right_2_no_padding(DataProto(batch=batch.tensors, non_tensor_batch=batch.columns).to_tensordict())
     tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
-    flat = -torch.rand(int(batch.batch["attention_mask"].sum()), generator=torch.Generator().manual_seed(5)) - 0.3
+    flat = -torch.rand(int(batch.tensors["attention_mask"].sum()), generator=torch.Generator().manual_seed(5)) - 0.3
     for row in (0, 1):
         flat[_packed_positions(batch, row, TOOL_COLS)] += tool_shift
     return batch, td, flat.requires_grad_(True)
@@ -284,7 +288,7 @@ def _installed_loss(td, flat):
 
 def _packed_positions(batch, row, columns):
     """Packed indices whose log-prob scores response column ``c`` of ``row`` (one token left, verl's layout)."""
-    attn = batch.batch["attention_mask"]
+    attn = batch.tensors["attention_mask"]
     offset = int(attn[:row].sum())
     p = int(attn[row, :P_LEN].sum())
     return [offset + p - 1 + c for c in columns]

@@ -23,6 +23,7 @@ from verl.trainer.ppo.reward import load_reward_manager  # noqa: E402
 
 from recipe.exgrpo import reward_model_client  # noqa: E402
 from recipe.exgrpo.harness.assets import build_tokenizer  # noqa: E402
+from recipe.exgrpo.legacy.trainer import as_dataproto, rows_of  # noqa: E402
 from recipe.exgrpo.replay_step.scoring import with_prompt_for_reward_functions  # noqa: E402
 
 MODEL = "/models/Skywork-Reward-Llama-3.1-8B-v0.2"
@@ -176,7 +177,7 @@ def test_the_rows_the_trainer_scores_carry_the_prompt_for_the_function(tokenizer
         bare = _row(tokenizer, "seven", streamed=False)
         with pytest.raises(ValueError, match=r"needs the prompt's conversation in extra_info\['raw_prompt'\]"):
             _score(manager, bare)
-        out = _score(manager, with_prompt_for_reward_functions(bare))
+        out = _score(manager, as_dataproto(with_prompt_for_reward_functions(rows_of(bare))))
         assert out["reward_score"] == pytest.approx(_expected(tokenizer, "seven"))
         assert "raw_prompt" not in bare.non_tensor_batch["extra_info"][0]  # the batch's own rows are not changed
 

@@ -26,9 +26,12 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase 
 from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
+from recipe.exgrpo.config_bridge import reward_model_colocated  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY  # noqa: E402
-from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
-from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY, generation_counts  # noqa: E402
+from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer, as_dataproto  # noqa: E402
+from recipe.exgrpo.replay_step import ReplayStep  # noqa: E402
+from recipe.exgrpo.replay_step.batch import generation_counts  # noqa: E402
+from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY  # noqa: E402
 from recipe.exgrpo.tool_turns import ToolCallDetector  # noqa: E402
 
 PAD = 0
@@ -52,11 +55,7 @@ class _Step(RayExGRPOTrainer):
 
     def __init__(self, tmp_path, experience, plan, prompt_rows, own_pool=False, replay_reward="rescore"):
         self.rec = _Recorder()
-        self.experience = experience
-        self.exgrpo = experience.cfg
-        self.k = K
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
-        self.global_steps = 2
         self._plan, self._prompt_rows = plan, prompt_rows
         self.config = OmegaConf.create(
             {
@@ -74,7 +73,19 @@ class _Step(RayExGRPOTrainer):
                 "reward": {"reward_model": {"enable": True, "enable_resource_pool": own_pool}},
             }
         )
-        self.ends_in_tool_call = ToolCallDetector.from_config(self.config, self.tokenizer)  # as the trainer: no tools
+        self.replay = ReplayStep(
+            experience.cfg,
+            experience=experience,
+            questions_per_step=len(prompt_rows),
+            question_ids=[q for q, _ in prompt_rows],
+            row_of_question={q: i for i, (q, _) in enumerate(prompt_rows)},
+            epoch_batches=list,
+            pad_token_id=PAD,
+            response_width=R_LEN,
+            ends_in_tool_call=ToolCallDetector.from_config(self.config, self.tokenizer),  # as the trainer: no tools
+            colocated_reward_model=reward_model_colocated(self.config),
+            trace_dir=str(tmp_path),
+        )
         self.actor_rollout_wg = None
         rec = self.rec
         self.async_rollout_manager = SimpleNamespace(generate_sequences=self._generate_sequences)
@@ -85,10 +96,18 @@ class _Step(RayExGRPOTrainer):
         self.reward_loop_manager = SimpleNamespace(compute_rm_score=self._compute_rm_score)
 
     # ------------------------------------------------------------------ the stand-ins
-    def _draw_questions(self, metrics, timing_raw):
+    def _draw_questions(self, state):
         fresh = len(self._prompt_rows) - len(self._plan)
-        self._step_trace = {"event": "step", "step": self.global_steps}
-        return self._prompt_batch(), fresh, self._plan
+        state.plan, state.fresh_rows = self._plan, list(range(fresh))
+        state.counts = generation_counts(fresh, len(self._plan), K)
+        state.trace = {"event": "step", "step": state.step}
+        return self._prompt_batch()
+
+    def run_step(self):
+        """The trainer's ``_run_step`` at step 2: the step's rows, its plan and its number of fresh prompts."""
+        state = self.replay.begin(2, is_last=False)
+        self._run_step(state)
+        return as_dataproto(state.rows), state.plan, state.num_fresh
 
     def _prompt_batch(self) -> DataProto:
         n = len(self._prompt_rows)
@@ -179,7 +198,7 @@ def _events(step: _Step) -> list[str]:
 def test_a_colocated_reward_model_scores_everything_before_the_actor_pass(tmp_path):
     mgr, plan, prompt_rows = _pool_and_plan("rescore")
     step = _Step(tmp_path, mgr, plan, prompt_rows)
-    batch, out_plan, num_fresh, _, _ = step._run_step({}, {}, is_last_step=False)
+    batch, out_plan, num_fresh = step.run_step()
     events = _events(step)
     first_actor = events.index("actor_log_prob")
     assert "reward_model" in events[:first_actor], events
@@ -199,7 +218,7 @@ def test_a_colocated_reward_model_scores_everything_before_the_actor_pass(tmp_pa
 def test_stored_replay_rewards_score_only_the_generated_rows(tmp_path):
     mgr, plan, prompt_rows = _pool_and_plan("stored")
     step = _Step(tmp_path, mgr, plan, prompt_rows)
-    step._run_step({}, {}, is_last_step=False)
+    step.run_step()
     events = _events(step)
     assert "reward_model" not in events[events.index("actor_log_prob") :], events
     ((_, scored),) = [e for e in step.rec.events if e[0] == "reward_model"]
@@ -221,7 +240,7 @@ def test_a_reward_model_in_its_own_pool_scores_only_the_selected_members_after_s
         return out
 
     step.async_rollout_manager.generate_sequences = scored_while_generating
-    batch, *_ = step._run_step({}, {}, is_last_step=False)
+    batch, *_ = step.run_step()
     calls = [e for e in step.rec.events if e[0] == "reward_model"]
     assert calls == [("reward_model", 2)] and _events(step).index("reward_model") > _events(step).index(
         "actor_log_prob"

@@ -92,7 +92,7 @@ def test_verls_hermes_parser_reads_the_call_and_the_loader_runs_the_calculator(t
 
 def test_the_tool_reward_and_the_tool_turn_metrics(tokenizer):
     from recipe.exgrpo.harness.tool_reward import compute_score
-    from recipe.exgrpo.tool_turns import tool_turn_metrics
+    from recipe.exgrpo.replay_step.metrics import tool_turn_metrics
 
     ids, mask, n_prompt = encode_tool_exchange(tokenizer, QUESTION, "523 + 47", response_text("570"))
     exchange = tokenizer.decode(ids[n_prompt:], skip_special_tokens=True)  # what verl's reward manager decodes
@@ -132,7 +132,8 @@ def test_the_tool_reward_and_the_tool_turn_metrics(tokenizer):
 def test_rows_with_a_tool_turn_match_the_per_row_definition():
     """The vectorised check against its definition, one row at a time: a context token (0) before the row's last
     model token (1); padding after it and rows without a model token do not count."""
-    from recipe.exgrpo.tool_turns import last_model_turn, rows_with_tool_turn
+    from recipe.exgrpo.replay_step.metrics import rows_with_tool_turn
+    from recipe.exgrpo.tool_turns import last_model_turn
 
     rng = np.random.default_rng(0)
     masks = (rng.random((500, 12)) < rng.random((500, 1))).astype(np.int64)

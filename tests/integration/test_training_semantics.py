@@ -25,17 +25,20 @@ from exgrpo.config import ConfigError  # noqa: E402
 from exgrpo.objective import LossSettings, fresh_clip_on  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra  # noqa: E402
-from recipe.exgrpo.replay_step.batch import (  # noqa: E402
-    EXPERIENCE_GROUP_KEY,
-    IS_REPLAY_KEY,
-    MIXED_KEY,
-    RATIO_KEY,
-    mark_fresh,
-    mark_replay_groups,
-)
+from recipe.exgrpo.legacy.trainer import rows_of  # noqa: E402
+from recipe.exgrpo.replay_step import batch as replay_batch  # noqa: E402
+from recipe.exgrpo.replay_step.fields import EXPERIENCE_GROUP_KEY, IS_REPLAY_KEY, MIXED_KEY, RATIO_KEY  # noqa: E402
 
 P_LEN, R_LEN = 2, 3
 BETA_F1 = 1 / 1.1  # f(1) = 1 / (1 + β), β = 0.1
+
+
+def mark_fresh(batch: DataProto) -> None:
+    replay_batch.mark_fresh(rows_of(batch))  # the rows share the DataProto's tensors: the fields land in it
+
+
+def mark_replay_groups(batch: DataProto, replay_ratio: float) -> None:
+    replay_batch.mark_replay_groups(rows_of(batch), replay_ratio)
 
 
 def _rows(uids, response_lens, advantages, replay_rows=(), log_w=None) -> DataProto:
@@ -119,8 +122,9 @@ def test_mark_replay_groups_flags_the_replayed_member_and_its_fresh_siblings():
     fresh = _rows(["x", "x", "y", "y"], [1, 1, 1, 1], [0, 0, 0, 0])
     mark_replay_groups(fresh, replay_ratio=0.0)
     assert not fresh.batch[EXPERIENCE_GROUP_KEY].any() and fresh.batch[RATIO_KEY].tolist() == [0.0] * 4
-    with pytest.raises(ValueError, match="replay_ratio must be in"):
-        mark_replay_groups(fresh, replay_ratio=1.5)
+    # ρ is validated once, with the config at start-up (the step trusts it)
+    with pytest.raises(ConfigError, match="exgrpo.replay_ratio"):
+        exgrpo_config_from_hydra(_hydra("global", replay_ratio=1.5))
 
 
 def test_weight_terms_by_ratio_weights_whole_replay_groups_in_the_installed_loss():
@@ -141,7 +145,7 @@ def test_weight_terms_by_ratio_weights_whole_replay_groups_in_the_installed_loss
 def test_weight_terms_by_ratio_without_the_marking_names_the_fix():
     batch = _replay_step()
     td, flat = _micro_batch(batch, mixed=True)
-    with pytest.raises(KeyError, match="mark_replay_groups"):
+    with pytest.raises(KeyError, match="mark_update_rows"):
         exgrpo_actor_loss(_config(), {"log_probs": flat}, td, settings=LossSettings(weight_terms_by_ratio=True))
 
 
@@ -229,10 +233,10 @@ def test_per_rank_entropy_bonus_is_a_token_mean():
     assert with_ent.item() == pytest.approx(-1 / 8 - 0.5 * 2.0, rel=1e-5)
 
 
-def _hydra(loss_scale, agg="seq-mean-token-sum-norm", scale=8192):
+def _hydra(loss_scale, agg="seq-mean-token-sum-norm", scale=8192, **exgrpo):
     return OmegaConf.create(
         {
-            "exgrpo": {"loss_scale": loss_scale},
+            "exgrpo": {"loss_scale": loss_scale, **exgrpo},
             "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"loss_agg_mode": agg, "loss_scale_factor": scale}},
         }
     )
@@ -248,67 +252,64 @@ def test_per_rank_needs_the_constant_normaliser_mode():
 
 
 # ------------------------------------------------------------------------------------------ item 3: fresh stream
-class _Questions:
-    """The two things the trainer's fresh-prompt code reads from ExGRPODataset."""
+class _Fresh:
+    """The replay step's real fresh prompts (``FreshPrompts``) on an unshuffled 30-row loader, with an experience
+    manager whose pool retires questions, no Ray."""
 
-    def __init__(self, n):
-        self.question_ids = [f"q{i}" for i in range(n)]
+    def __init__(self, retire_fresh_prompts: bool, n=30, b=8):
+        from exgrpo.config import ExGRPOConfig
+        from exgrpo.experience.manager import ExperienceManager
+        from recipe.exgrpo.replay_step.fresh import FreshPrompts
 
-    def __len__(self):
-        return len(self.question_ids)
+        self.experience = ExperienceManager(ExGRPOConfig.from_dict({"retire_fresh_prompts": retire_fresh_prompts}, k=2))
+        batches = [list(range(s, min(s + b, n))) for s in range(0, n, b)]  # 8, 8, 8, 6 rows
+        self.prompts = FreshPrompts(
+            [f"q{i}" for i in range(n)],
+            b,
+            lambda: iter(batches),
+            lambda: self.experience.retired,
+            immediate=retire_fresh_prompts,
+        )
 
+    def take(self, n, exclude, metrics):
+        return self.prompts.take(n, exclude, metrics)
 
-def _fresh_trainer(retire_fresh_prompts: bool, n=30, b=8):
-    """The trainer's real ``_next_loader_rows`` / ``_take_fresh_rows`` on an unshuffled 30-row loader, no Ray."""
-    from collections import deque
-
-    from exgrpo.config import ExGRPOConfig
-    from exgrpo.experience.manager import ExperienceManager
-    from exgrpo.fresh_prompts import FreshPromptFilter
-    from recipe.exgrpo.dataset import ROW_KEY
-    from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer
-
-    t = object.__new__(RayExGRPOTrainer)
-    t.exgrpo = ExGRPOConfig.from_dict({"retire_fresh_prompts": retire_fresh_prompts}, k=2)
-    t.experience = ExperienceManager(t.exgrpo)
-    t.train_dataset = _Questions(n)
-    t.train_dataloader = [{ROW_KEY: torch.arange(s, min(s + b, n))} for s in range(0, n, b)]  # 8, 8, 8, 6 rows
-    t.questions_per_step, t.leftover_rows, t.loader_epoch, t._loader_iter = b, deque(), 0, None
-    t.fresh_filter = FreshPromptFilter(immediate=t.exgrpo.retire_fresh_prompts)
-    return t
+    @property
+    def loader_epoch(self):
+        return self.prompts.loader_epoch
 
 
 @pytest.mark.parametrize("retire_fresh_prompts", [True, False])
 def test_retired_questions_leave_the_fresh_stream(retire_fresh_prompts):
-    t = _fresh_trainer(retire_fresh_prompts)
+    t = _Fresh(retire_fresh_prompts)
     metrics = {}
-    assert t._take_fresh_rows(8, set(), metrics) == list(range(8))
+    assert t.take(8, set(), metrics) == list(range(8))
     for q in ("q10", "q11"):  # retired during step 1
         t.experience.pool.retire(q, 1)
-    step2 = t._take_fresh_rows(8, set(), metrics)
+    step2 = t.take(8, set(), metrics)
     if retire_fresh_prompts:  # OUR CHOICE: skipped from the next step
         assert step2 == [8, 9, 12, 13, 14, 15, 16, 17] and metrics["exgrpo/fresh_skipped_retired"] == 2
     else:  # released: still drawn until the epoch boundary
         assert step2 == list(range(8, 16)) and metrics["exgrpo/fresh_skipped_retired"] == 0
     # finish epoch 0, then epoch 1's first two batches
     while t.loader_epoch == 0:
-        t._take_fresh_rows(8, set(), metrics)
-    epoch1 = t._take_fresh_rows(8, set(), metrics) + t._take_fresh_rows(8, set(), metrics)
+        t.take(8, set(), metrics)
+    epoch1 = t.take(8, set(), metrics) + t.take(8, set(), metrics)
     assert 10 not in epoch1 and 11 not in epoch1  # 30 > B + 20 = 28: removed at the boundary (released)
     assert metrics["exgrpo/fresh_removed_retired"] == (0 if retire_fresh_prompts else 2)
     # the state that goes into the checkpoint's trainer_state restores the same stream
-    resumed = _fresh_trainer(retire_fresh_prompts)
-    resumed.fresh_filter.load_state_dict(json.loads(json.dumps(t.fresh_filter.state_dict())))
+    resumed = _Fresh(retire_fresh_prompts)
+    resumed.prompts.load_state_dict(json.loads(json.dumps(t.prompts.state_dict())))
     for q in ("q10", "q11"):
         resumed.experience.pool.retire(q, 1)
-    assert 10 not in resumed._take_fresh_rows(16, set(), {})
+    assert 10 not in resumed.take(16, set(), {})
 
 
 def test_released_mode_keeps_retired_questions_in_a_small_data_set():
-    t = _fresh_trainer(False, n=28)  # exactly B + 20 questions: nothing is ever removed
-    assert 3 in t._take_fresh_rows(8, set(), {})
+    t = _Fresh(False, n=28)  # exactly B + 20 questions: nothing is ever removed
+    assert 3 in t.take(8, set(), {})
     t.experience.pool.retire("q3", 1)
     later = []
     while t.loader_epoch < 2:  # the rest of epoch 0 and all of epoch 1
-        later += t._take_fresh_rows(8, set(), {})
+        later += t.take(8, set(), {})
     assert 3 in later  # drawn again in epoch 1 (in a larger data set it would be gone)

@@ -150,3 +150,65 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     assert "recipe.exgrpo.cpu.hf_rollout" in graph["recipe.exgrpo.cpu.plugin"]  # and a relative one
     # every module was classified, and each layer holds some
     assert {layer_of(m) for m in graph} == set(range(7))
+
+
+#: the trainer-neutral replay step, and what it may never reach: a trainer adapter, the entry point, verl's private
+#: names, or verl / Ray / vLLM themselves (at module level or inside a function)
+REPLAY_STEP = "recipe.exgrpo.replay_step"
+TRAINER_SIDE = ("recipe.exgrpo.legacy", "recipe.exgrpo.main_exgrpo", "recipe.exgrpo.verl_compat", "recipe.exgrpo.cpu")
+FRAMEWORKS = ("verl", "ray", "vllm")
+
+
+def reached_from(graph: dict[str, set[str]], roots: list[str]) -> set[str]:
+    """Every project module the ``roots`` import, directly or through others (the roots included)."""
+    seen, todo = set(), list(roots)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+def framework_imports(path: pathlib.Path) -> list[str]:
+    """The imports of ``path`` (any statement, anywhere in it) whose top-level package is one of FRAMEWORKS."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        out += [n for n in names if n.split(".")[0] in FRAMEWORKS]
+    return out
+
+
+def replay_step_problems(mods: dict[str, pathlib.Path], graph: dict[str, set[str]]) -> list[str]:
+    roots = [m for m in mods if m == REPLAY_STEP or m.startswith(REPLAY_STEP + ".")]
+    reached = reached_from(graph, roots)
+    problems = [f"reaches {m}" for m in sorted(reached) if any(_in(m, side) for side in TRAINER_SIDE)]
+    for m in sorted(reached):
+        problems += [f"{m} imports {name}" for name in framework_imports(mods[m])]
+    return problems
+
+
+def test_the_replay_step_imports_no_trainer_and_no_verl():
+    mods = _modules()
+    assert [m for m in mods if m.startswith(REPLAY_STEP + ".")], "the replay step package is gone"
+    assert replay_step_problems(mods, graph_of(mods)) == []
+
+
+def test_the_replay_step_check_sees_a_trainer_and_a_lazy_verl_import(tmp_path):
+    mods = _modules()
+    graph = graph_of(mods)
+    graph[REPLAY_STEP + ".step"] = graph[REPLAY_STEP + ".step"] | {"recipe.exgrpo.legacy.trainer"}
+    assert "reaches recipe.exgrpo.legacy.trainer" in replay_step_problems(mods, graph)
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from verl.protocol import DataProto\n    import ray\n")
+    assert framework_imports(lazy) == ["verl.protocol", "ray"]
+    with_lazy = {**mods, REPLAY_STEP + ".lazy": lazy}
+    assert replay_step_problems(with_lazy, graph_of(with_lazy)) == [
+        f"{REPLAY_STEP}.lazy imports verl.protocol",
+        f"{REPLAY_STEP}.lazy imports ray",
+    ]

@@ -13,7 +13,7 @@ checks it on the real stack (CPU backend, Ray, hf rollout).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
@@ -32,18 +32,27 @@ def expand_by_counts(batch: Any, counts: Sequence[int]) -> Any:
     return batch.sample_level_repeat(counts)
 
 
-def generate_with_counts(trainer: Any, gen_batch: Any, counts: Sequence[int], sleep_after: bool = True) -> Any:
-    """Generate ``counts[i]`` responses for prompt ``i`` with a legacy ``RayPPOTrainer``'s rollout manager.
+def generate_with_counts(
+    rollout_manager: Any,
+    gen_batch: Any,
+    counts: Sequence[int],
+    *,
+    num_workers: int,
+    sleep: Callable[[], None] | None = None,
+) -> Any:
+    """Generate ``counts[i]`` responses for prompt ``i`` with a legacy ``RayPPOTrainer``'s rollout manager
+    (``trainer.async_rollout_manager``), whose agent-loop workers (``rollout.agent.num_workers``) each take an equal
+    share of the rows.
 
     ``gen_batch`` is what ``verl_compat.gen_batch(trainer, batch)`` returns (with ``uid`` set and
     ``meta_info['global_steps']`` filled in). Returns one output row per sample, prompt-major, aligned with
     ``expand_by_counts(batch, counts)`` of the full batch (repeat the full batch the same way before ``union``).
-    With ``sleep_after`` the rollout replicas are asleep when it returns (the actor may use the GPUs).
+    ``sleep`` (the checkpoint manager's ``sleep_replicas``) puts the rollout replicas to sleep once the responses are
+    in, so the actor may use the GPUs.
     """
     expanded = expand_by_counts(gen_batch, counts)
-    divisor = int(trainer.config.actor_rollout_ref.rollout.agent.num_workers)
-    padded, pad_size = pad_dataproto_to_divisor(expanded, divisor)
-    output = trainer.async_rollout_manager.generate_sequences(padded)
-    if sleep_after:
-        trainer.checkpoint_manager.sleep_replicas()
+    padded, pad_size = pad_dataproto_to_divisor(expanded, int(num_workers))
+    output = rollout_manager.generate_sequences(padded)
+    if sleep is not None:
+        sleep()
     return unpad_dataproto(output, pad_size=pad_size)

@@ -1,6 +1,7 @@
-"""Building ExGRPO's mixed batches out of verl ``DataProto`` objects (docs/algorithm.md §5–6).
+"""Building ExGRPO's mixed batches out of a step's :class:`~recipe.exgrpo.replay_step.rows.Rows` (docs/algorithm.md
+§5–6).
 
-Pure tensor plumbing, no Ray: the trainer calls these, and tests drive them with hand-made ``DataProto``s.
+Pure tensor plumbing, no trainer and no verl: the replay step calls these, and tests drive them with hand-made rows.
 
 - ``generation_counts``: K rollouts per fresh question, K−1 per replayed one (nothing wasted on the stored
   trajectory, unlike the released code).
@@ -29,30 +30,29 @@ from functools import partial
 
 import numpy as np
 import torch
-from verl import DataProto
-from verl.utils.model import compute_position_id_with_mask
 
 from exgrpo.advantage import experience_group_rows
 from exgrpo.experience import masks
 from exgrpo.experience.experience_pool import Candidate, GroupMember
 from exgrpo.experience.selection import CandidateTokenStats, SelectedTrajectory
-from recipe.exgrpo.dataset import QUESTION_ID_KEY
+from recipe.exgrpo.replay_step.fields import (
+    BEHAVIOUR_LOG_PROBS_KEY,
+    CANDIDATE_KEY,
+    ENTROPY_KEY,
+    EXPERIENCE_GROUP_KEY,
+    IS_REPLAY_KEY,
+    NUM_TURNS_KEY,
+    QUESTION_ID_KEY,
+    RATIO_KEY,
+    TRAJECTORY_RECORD_KEYS,
+)
+from recipe.exgrpo.replay_step.rows import Rows
 
-IS_REPLAY_KEY = "exgrpo_is_replay"
-#: per row: -1 for a generated row, j for the j-th candidate trajectory (flattened over the replayed questions)
-CANDIDATE_KEY = "exgrpo_candidate"
-BEHAVIOUR_LOG_PROBS_KEY = "exgrpo_behaviour_log_probs"
-# per-row copies of step-wide values, so that every micro-batch of the actor update carries them
-MIXED_KEY = "exgrpo_mixed"
-RATIO_KEY = "exgrpo_replay_ratio"
-# the row's group (uid) holds a replayed member: the experience term of paper Eq. 4 (weight_terms_by_ratio)
-EXPERIENCE_GROUP_KEY = "exgrpo_experience_group"
-#: verl's agent loop: turns of the exchange (user + assistant + tool), per row
-NUM_TURNS_KEY = "__num_turns__"
-#: verl's tool agent loop's per-trajectory records of its run (per turn scores, per tool call rewards): a replayed
-#: row has the keys (every row does) but no record of its own, since replay never runs the loop again: None, as verl
-#: fills a key a row's loop did not report
-TRAJECTORY_RECORD_KEYS = ("turn_scores", "tool_rewards")
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of a left-padded row: the attended tokens count from 0, the padding before them is 0 (as verl's
+    ``compute_position_id_with_mask``)."""
+    return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0, max=None)
 
 
 def generation_counts(num_fresh: int, num_replay: int, k: int) -> np.ndarray:
@@ -62,34 +62,32 @@ def generation_counts(num_fresh: int, num_replay: int, k: int) -> np.ndarray:
     return np.asarray([k] * num_fresh + [k - 1] * num_replay, dtype=np.int64)
 
 
-def mark_fresh(batch: DataProto) -> None:
+def mark_fresh(batch: Rows) -> None:
     """Add the ExGRPO per-row fields to fresh rows: not replayed, behaviour log-probs unused (zeros)."""
-    n, resp_len = batch.batch["responses"].shape
-    batch.batch[IS_REPLAY_KEY] = torch.zeros(n, dtype=torch.bool)
-    batch.batch[BEHAVIOUR_LOG_PROBS_KEY] = torch.zeros(n, resp_len, dtype=torch.float32)
+    n, resp_len = batch.tensors["responses"].shape
+    batch.tensors[IS_REPLAY_KEY] = torch.zeros(n, dtype=torch.bool)
+    batch.tensors[BEHAVIOUR_LOG_PROBS_KEY] = torch.zeros(n, resp_len, dtype=torch.float32)
 
 
-def mark_replay_groups(batch: DataProto, replay_ratio: float) -> None:
+def mark_replay_groups(batch: Rows, replay_ratio: float) -> None:
     """Add the per-row fields of the explicit Eq. 4 term weights (``exgrpo.weight_terms_by_ratio``).
 
     ``EXPERIENCE_GROUP_KEY``: True on every row whose group (same uid) holds a replayed member, i.e. the
     replayed trajectory *and* its K−1 fresh siblings; ``RATIO_KEY``: ρ of this step (the scheduled ratio, 0
-    before mixed mode). Call it once the replayed members are appended; later row reordering (balance_batch)
-    keeps the flags aligned because they are per-row tensors.
+    before mixed mode; validated with the config at start-up). Call it once the replayed members are appended;
+    later row reordering (balance_batch) keeps the flags aligned because they are per-row tensors.
     """
-    if not 0.0 <= replay_ratio <= 1.0:
-        raise ValueError(f"replay_ratio must be in [0, 1], got {replay_ratio}")
     n = len(batch)
-    is_replay = batch.batch[IS_REPLAY_KEY].bool().cpu().numpy()
-    rows = experience_group_rows(batch.non_tensor_batch["uid"], is_replay)
-    batch.batch[EXPERIENCE_GROUP_KEY] = torch.as_tensor(rows, dtype=torch.bool)
-    batch.batch[RATIO_KEY] = torch.full((n,), float(replay_ratio), dtype=torch.float32)
+    is_replay = batch.tensors[IS_REPLAY_KEY].bool().cpu().numpy()
+    rows = experience_group_rows(batch.columns["uid"], is_replay)
+    batch.tensors[EXPERIENCE_GROUP_KEY] = torch.as_tensor(rows, dtype=torch.bool)
+    batch.tensors[RATIO_KEY] = torch.full((n,), float(replay_ratio), dtype=torch.float32)
 
 
-def response_lengths(batch: DataProto) -> torch.Tensor:
+def response_lengths(batch: Rows) -> torch.Tensor:
     """Tokens of each row's response: its attention over the response columns (model turns and tool outputs)."""
-    width = batch.batch["responses"].shape[1]
-    return batch.batch["attention_mask"][:, -width:].sum(-1)
+    width = batch.tensors["responses"].shape[1]
+    return batch.tensors["attention_mask"][:, -width:].sum(-1)
 
 
 def turn_count(mask: np.ndarray) -> int:
@@ -119,12 +117,12 @@ def _left_pad(seqs: Sequence[np.ndarray], length: int, pad_value, dtype) -> torc
 
 
 def build_replay_members(
-    template: DataProto,
+    template: Rows,
     response_ids: Sequence[np.ndarray],
     behaviour_log_probs: Sequence[np.ndarray],
     pad_token_id: int,
     loss_masks: Sequence[np.ndarray | None] | None = None,
-) -> DataProto:
+) -> Rows:
     """The replayed members, one per row of ``template``.
 
     ``template`` holds one generated member of each replay group (after ``batch.union(gen_output)``): its
@@ -143,11 +141,11 @@ def build_replay_members(
             f"replay members: {n} template rows, {len(response_ids)} responses, "
             f"{len(behaviour_log_probs)} behaviour log-prob rows, {len(loss_masks)} loss masks; they must match"
         )
-    src = template.batch
+    src = template.tensors
     prompts = src["prompts"]
     resp_len = src["responses"].shape[1]
     # verl's agent loop gives every row a multi_modal_inputs entry, an empty dict for a text-only row
-    multi_modal = template.non_tensor_batch.get("multi_modal_inputs")
+    multi_modal = template.columns.get("multi_modal_inputs")
     if src["position_ids"].dim() != 2 or (multi_modal is not None and any(bool(m) for m in multi_modal)):
         raise ValueError(
             "ExGRPO replay supports text models only (position_ids must be [batch, seq_len], no multi_modal_inputs): "
@@ -177,24 +175,20 @@ def build_replay_members(
         torch.float32,
     )
 
-    out = DataProto(
-        batch=src.clone(),
-        non_tensor_batch={k: v.copy() for k, v in template.non_tensor_batch.items()},
-        meta_info=dict(template.meta_info),
-    )
-    b = out.batch
+    out = Rows(src.clone(), {k: v.copy() for k, v in template.columns.items()}, dict(template.meta))
+    b = out.tensors
     b["responses"] = responses
     b["response_mask"] = response_mask.to(src["response_mask"].dtype)
     b["input_ids"] = torch.cat([prompts, responses], dim=1)
     b["attention_mask"] = attention_mask
-    b["position_ids"] = compute_position_id_with_mask(attention_mask).to(src["position_ids"].dtype)
+    b["position_ids"] = position_ids(attention_mask).to(src["position_ids"].dtype)
     if "rollout_log_probs" in b.keys():
         b["rollout_log_probs"] = behaviour.clone()
     if "rm_scores" in b.keys():
         b["rm_scores"] = torch.zeros_like(b["rm_scores"])
     b[IS_REPLAY_KEY] = torch.ones(n, dtype=torch.bool)
     b[BEHAVIOUR_LOG_PROBS_KEY] = behaviour
-    nt = out.non_tensor_batch
+    nt = out.columns
     if NUM_TURNS_KEY in nt:
         nt[NUM_TURNS_KEY][:] = [turn_count(m) for m in model_masks]
     for key in TRAJECTORY_RECORD_KEYS:
@@ -210,12 +204,12 @@ def group_starts(counts: np.ndarray) -> np.ndarray:
 
 
 def append_candidates(
-    batch: DataProto,
+    batch: Rows,
     counts: np.ndarray,
     num_fresh: int,
     candidates: Sequence[Sequence[Candidate]],
     pad_token_id: int,
-) -> DataProto:
+) -> Rows:
     """The generated rows of the step followed by one row per candidate trajectory of each replayed question.
 
     ``batch``: the generated rows after ``union`` with the prompt batch, grouped by prompt (``counts[i]`` rows for
@@ -225,17 +219,17 @@ def append_candidates(
     behaviour log-probs (:func:`build_replay_members`), so the old-log-prob pass scores exactly the sequence the
     actor will train on. ``CANDIDATE_KEY`` numbers the candidate rows 0..N-1 (-1 on generated rows).
     """
-    if IS_REPLAY_KEY not in batch.batch.keys():
+    if IS_REPLAY_KEY not in batch.tensors.keys():
         raise KeyError(f"append_candidates: the generated rows lack {IS_REPLAY_KEY!r}; call mark_fresh(batch) first")
     replay_starts = group_starts(counts)[num_fresh:]
     if len(replay_starts) != len(candidates):
         raise ValueError(f"{len(candidates)} candidate lists for {len(replay_starts)} replayed questions")
     n = len(batch)
-    batch.batch[CANDIDATE_KEY] = torch.full((n,), -1, dtype=torch.int64)
+    batch.tensors[CANDIDATE_KEY] = torch.full((n,), -1, dtype=torch.int64)
     flat = [c for group in candidates for c in group]
     if not flat:
         return batch
-    template = batch.select_idxs([int(replay_starts[r]) for r, group in enumerate(candidates) for _ in group])
+    template = batch.select([int(replay_starts[r]) for r, group in enumerate(candidates) for _ in group])
     rows = build_replay_members(
         template,
         [c.token_ids for c in flat],
@@ -243,22 +237,22 @@ def append_candidates(
         pad_token_id,
         [c.loss_mask for c in flat],
     )
-    rows.batch[CANDIDATE_KEY] = torch.arange(len(flat), dtype=torch.int64)
-    return DataProto.concat([batch, rows])
+    rows.tensors[CANDIDATE_KEY] = torch.arange(len(flat), dtype=torch.int64)
+    return Rows.concat([batch, rows])
 
 
-def candidate_rows(batch: DataProto) -> torch.Tensor:
+def candidate_rows(batch: Rows) -> torch.Tensor:
     """Row indices of the candidate rows of ``batch``, in candidate order (0..N-1), wherever they are."""
-    cand = batch.batch[CANDIDATE_KEY]
+    cand = batch.tensors[CANDIDATE_KEY]
     rows = torch.nonzero(cand >= 0).flatten()
     return rows[torch.argsort(cand[rows])]
 
 
-def candidate_token_stats(batch: DataProto, entropy_key: str = "entropys") -> CandidateTokenStats:
+def candidate_token_stats(batch: Rows, entropy_key: str = ENTROPY_KEY) -> CandidateTokenStats:
     """Per-token entropies and old log-probs of the candidate rows (after the old-log-prob pass), in candidate
     order: the input of the core's selection (:meth:`ExperienceManager.select`)."""
     rows = candidate_rows(batch)
-    b = batch.batch
+    b = batch.tensors
     return CandidateTokenStats(
         response_mask=b["response_mask"][rows],
         entropy=b[entropy_key][rows],
@@ -282,15 +276,15 @@ def selected_candidate_indices(
     return out
 
 
-def keep_selected(batch: DataProto, selected: Sequence[int]) -> DataProto:
+def keep_selected(batch: Rows, selected: Sequence[int]) -> Rows:
     """Drop the candidate rows that were not selected (``selected``: flat candidate indices) and the candidate
     numbering; the generated rows and the kept candidates (now the replayed members) keep their order."""
-    cand = batch.batch[CANDIDATE_KEY]
+    cand = batch.tensors[CANDIDATE_KEY]
     keep = (cand < 0) | torch.isin(cand, torch.as_tensor(list(selected), dtype=torch.int64))
     if int(keep.sum()) != int((cand < 0).sum()) + len(set(selected)):
         raise ValueError(f"selected candidate indices {list(selected)} are not all candidate rows of the batch")
-    out = batch if bool(keep.all()) else batch.select_idxs(keep)
-    out.batch.pop(CANDIDATE_KEY)
+    out = batch if bool(keep.all()) else batch.select(keep)
+    out.tensors.pop(CANDIDATE_KEY)
     return out
 
 
@@ -316,7 +310,7 @@ def member_defect(
     return None
 
 
-def collection_groups(batch: DataProto, ends_in_tool_call: ToolCallCheck | None = None) -> dict[str, list[GroupMember]]:
+def collection_groups(batch: Rows, ends_in_tool_call: ToolCallCheck | None = None) -> dict[str, list[GroupMember]]:
     """The step's groups for ``ExperienceManager.collect`` (docs/algorithm.md §3), keyed by question id.
 
     Per row (after the rewards, ``token_level_scores``): the whole response after the prompt (its attended tokens:
@@ -327,15 +321,17 @@ def collection_groups(batch: DataProto, ends_in_tool_call: ToolCallCheck | None 
     may call tools), as a function the pool calls for the members it would store only. One group per question and
     step: a question is never both replayed and fresh, nor drawn twice.
     """
-    scores = batch.batch["token_level_scores"].sum(-1).numpy()
-    responses = batch.batch["responses"].numpy()
-    resp_mask = batch.batch["response_mask"].bool().numpy()
+    scores = batch.tensors["token_level_scores"].sum(-1).numpy()
+    responses = batch.tensors["responses"].numpy()
+    resp_mask = batch.tensors["response_mask"].bool().numpy()
     lengths = response_lengths(batch).numpy()
-    old_lp = batch.batch["old_log_probs"].float().numpy()
-    is_replay = batch.batch[IS_REPLAY_KEY].numpy()
-    behaviour = batch.batch[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
-    rollout = batch.batch["rollout_log_probs"].float().numpy() if "rollout_log_probs" in batch.batch.keys() else None
-    qids = batch.non_tensor_batch[QUESTION_ID_KEY]
+    old_lp = batch.tensors["old_log_probs"].float().numpy()
+    is_replay = batch.tensors[IS_REPLAY_KEY].numpy()
+    behaviour = batch.tensors[BEHAVIOUR_LOG_PROBS_KEY].float().numpy()
+    rollout = (
+        batch.tensors["rollout_log_probs"].float().numpy() if "rollout_log_probs" in batch.tensors.keys() else None
+    )
+    qids = batch.columns[QUESTION_ID_KEY]
     members_by_question: dict[str, list[GroupMember]] = {}
     for i in range(len(batch)):
         n = int(lengths[i])
@@ -358,17 +354,17 @@ def _sha(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
 
 
-def replayed_row_digests(batch: DataProto) -> list[dict]:
+def replayed_row_digests(batch: Rows) -> list[dict]:
     """Per replayed row, in row order (the order of the step's selected entries): its response length, model tokens,
     SHA-256 (16 hex digits) of its token ids (int32) and of its loss mask (uint8) over that length, and the model
     tokens its mask holds beyond it (0). The step's trace records them, so a test can hold them against the pool."""
-    rows = torch.nonzero(batch.batch[IS_REPLAY_KEY]).flatten().tolist()
+    rows = torch.nonzero(batch.tensors[IS_REPLAY_KEY]).flatten().tolist()
     lengths = response_lengths(batch)
     out = []
     for r in rows:
         n = int(lengths[r])
-        ids = batch.batch["responses"][r, :n].numpy().astype(np.int32)
-        mask = batch.batch["response_mask"][r].numpy().astype(np.uint8)
+        ids = batch.tensors["responses"][r, :n].numpy().astype(np.int32)
+        mask = batch.tensors["response_mask"][r].numpy().astype(np.uint8)
         out.append(
             {
                 "length": n,

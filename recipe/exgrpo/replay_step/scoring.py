@@ -1,20 +1,20 @@
-"""Scoring on the verl side: reward-model scores, stored replay rewards, and the reward mode's figures of a step's
-batch. ``RayExGRPOTrainer`` calls these from its stages; the reward mode (``exgrpo.modes``) does the bucketing and
-says which figures it logs.
+"""Scoring the rows of a step: the replayed members' rewards, the prompt a reward function reads, and the reward
+mode's figures of a step. The replay step (``step.py``) calls these; the reward mode (``exgrpo.modes``) does the
+bucketing and says which figures it logs.
 
-Rewards come from verl 0.9.1's reward loop either way:
+Rewards come from the trainer's reward loop (verl's, through the adapter's backend, ``ReplayBackend.score``) either
+way:
 
 * a discriminative reward model (``reward.reward_model.enable=true``, ``model_path``, its own vLLM/SGLang rollout,
   with ``reward.custom_reward_function.path`` left null so that verl's loop sends every response to the model).
   In its own resource pool (``reward.reward_model.enable_resource_pool=true``) verl scores each response inside
-  the agent loop as it is generated; colocated with the actor it cannot (the rollout holds the GPUs), and
-  :func:`score_with_colocated_reward_model` scores the generated rows after the rollout went to sleep, as verl's
-  own trainer does;
+  the agent loop as it is generated; colocated with the actor it cannot (the rollout holds the GPUs), and the replay
+  step has the backend score the generated rows after the rollout went to sleep, as verl's own trainer does;
 * a reward function (``reward.custom_reward_function``) returning real values, e.g. partial credit.
 
 The replayed member's reward (``exgrpo.replay_reward``): ``rescore`` sends it through the same path as every other
-member (``RayExGRPOTrainer._score_replayed_members``: the reward loop's ``compute_rm_score``, which reaches the
-reward model or the function); ``stored`` puts the reward recorded with the trajectory at collection into its row
+member (``ReplayStep``: the backend's ``score``, verl's ``compute_rm_score``, which reaches the reward model or the
+function); ``stored`` puts the reward recorded with the trajectory at collection into its row
 (:func:`set_stored_replay_rewards`).
 """
 
@@ -25,17 +25,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
-from verl import DataProto
-from verl.utils.debug import marked_timer
 
-from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY
+from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY
+from recipe.exgrpo.replay_step.rows import Rows
 
 __all__ = [
     "PROMPT_FIELDS_KEY",
     "mode_reward_metrics",
-    "reward_model_colocated",
-    "score_with_colocated_reward_model",
     "set_stored_replay_rewards",
     "with_prompt_for_reward_functions",
 ]
@@ -46,28 +42,7 @@ __all__ = [
 PROMPT_FIELDS_KEY = "tool_extra_fields"
 
 
-def reward_model_colocated(config: Any) -> bool:
-    """A reward model is on and shares the actor's GPUs (so verl's agent loop does not score the responses)."""
-    enable = OmegaConf.select(config, "reward.reward_model.enable", default=False)
-    own_pool = OmegaConf.select(config, "reward.reward_model.enable_resource_pool", default=False)
-    return bool(enable) and not bool(own_pool)
-
-
-def score_with_colocated_reward_model(trainer: Any, batch: DataProto, timing_raw: dict) -> DataProto:
-    """``batch`` with ``rm_scores`` (and the reward's extra keys) from a colocated reward model, when it has none.
-
-    Called once the rollout replicas sleep (``generate_with_counts`` put them to sleep): the reward model's own
-    replicas wake up, score every row and sleep again inside verl's ``RewardLoopManager.compute_rm_score``.
-    Nothing happens without a colocated reward model, or when the rows already carry scores.
-    """
-    if not reward_model_colocated(trainer.config) or "rm_scores" in batch.batch.keys():
-        return batch
-    with marked_timer("reward_model", timing_raw, color="yellow"):
-        scored = trainer.reward_loop_manager.compute_rm_score(with_prompt_for_reward_functions(batch))
-    return batch.union(scored)
-
-
-def with_prompt_for_reward_functions(data: DataProto) -> DataProto:
+def with_prompt_for_reward_functions(data: Rows) -> Rows:
     """``data`` (rows the trainer scores through verl's reward loop itself) with the prompt's conversation where a
     reward function finds it for a generated response: ``raw_prompt`` in the fields verl merges into ``extra_info``.
 
@@ -77,38 +52,38 @@ def with_prompt_for_reward_functions(data: DataProto) -> DataProto:
     fields, so a reward function that needs the prompt (``recipe/exgrpo/reward_model_client.py``) would not see it.
     A shallow copy: the batch's own columns (and ``extra_info`` dicts, which verl's manager updates) are untouched.
     """
-    prompts = data.non_tensor_batch.get("raw_prompt")
-    if prompts is None or PROMPT_FIELDS_KEY in data.non_tensor_batch:
+    prompts = data.columns.get("raw_prompt")
+    if prompts is None or PROMPT_FIELDS_KEY in data.columns:
         return data
     fields = np.empty(len(data), dtype=object)
     fields[:] = [{"raw_prompt": p} for p in prompts]
-    non_tensor = {**data.non_tensor_batch, PROMPT_FIELDS_KEY: fields}
+    non_tensor = {**data.columns, PROMPT_FIELDS_KEY: fields}
     if "extra_info" in non_tensor:
         copies = np.empty(len(data), dtype=object)
         copies[:] = [dict(e) if isinstance(e, dict) else e for e in non_tensor["extra_info"]]
         non_tensor["extra_info"] = copies
-    return DataProto(batch=data.batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+    return Rows(data.tensors, non_tensor, dict(data.meta))
 
 
-def set_stored_replay_rewards(batch: DataProto, rewards: Sequence[float]) -> None:
+def set_stored_replay_rewards(batch: Rows, rewards: Sequence[float]) -> None:
     """``exgrpo.replay_reward=stored``: the replayed rows (in batch order, one per selected trajectory) get the
     reward stored with their trajectory, at the last response token as verl places a score.
 
     The reward's extra keys of those rows (copied from a generated sibling when the row was built) would describe
     another response: numeric ones become NaN, others None.
     """
-    rows = torch.nonzero(batch.batch[IS_REPLAY_KEY]).flatten()
+    rows = torch.nonzero(batch.tensors[IS_REPLAY_KEY]).flatten()
     if len(rows) != len(rewards):
         raise ValueError(f"{len(rewards)} stored rewards for {len(rows)} replayed rows")
     if not len(rows):
         return
-    prompt_len = batch.batch["prompts"].shape[1]
-    scores = batch.batch["rm_scores"]
-    last = batch.batch["attention_mask"][rows, prompt_len:].sum(-1) - 1
+    prompt_len = batch.tensors["prompts"].shape[1]
+    scores = batch.tensors["rm_scores"]
+    last = batch.tensors["attention_mask"][rows, prompt_len:].sum(-1) - 1
     scores[rows] = 0
     scores[rows, last] = torch.as_tensor(list(rewards), dtype=scores.dtype)
-    for key in batch.meta_info.get("reward_extra_keys", []):
-        column = batch.non_tensor_batch.get(key)
+    for key in batch.meta.get("reward_extra_keys", []):
+        column = batch.columns.get(key)
         if column is None:
             continue
         idx = rows.numpy()
@@ -118,13 +93,13 @@ def set_stored_replay_rewards(batch: DataProto, rewards: Sequence[float]) -> Non
         else:
             column = column.astype(object)
             column[idx] = None
-        batch.non_tensor_batch[key] = column
+        batch.columns[key] = column
 
 
 def mode_reward_metrics(
-    mode: Any, scores: np.ndarray, batch: DataProto, reward_extra_infos: Mapping[str, Any] | None = None
+    mode: Any, scores: np.ndarray, batch: Rows, reward_extra_infos: Mapping[str, Any] | None = None
 ) -> dict[str, float]:
     """The reward mode's figures of one step (``RewardMode.reward_metrics``: the continuous mode's
     ``exgrpo/reward/...``; none in the binary mode), from the batch's replayed rows and groups."""
-    replayed = batch.batch[IS_REPLAY_KEY].bool().numpy()
-    return mode.reward_metrics(scores, replayed, batch.non_tensor_batch["uid"], reward_extra_infos)
+    replayed = batch.tensors[IS_REPLAY_KEY].bool().numpy()
+    return mode.reward_metrics(scores, replayed, batch.columns["uid"], reward_extra_infos)

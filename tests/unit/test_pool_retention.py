@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("verl")
-
-from recipe.exgrpo.legacy.trainer import POOL_DIRNAME, prune_pools  # noqa: E402
+from recipe.exgrpo.replay_step import POOL_DIRNAME, prune_pools
 
 
 def _checkpoints(root, steps):

@@ -1,4 +1,4 @@
-"""Step metrics of RayExGRPOTrainer that the learnability check relies on, on hand-made DataProtos (no Ray)."""
+"""Step metrics of the replay step that the learnability check relies on, on hand-made rows (no verl, no Ray)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,33 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl")
-
-from verl import DataProto  # noqa: E402
-
-from recipe.exgrpo.legacy.trainer import (  # noqa: E402
-    RayExGRPOTrainer,
-    reward_health,
-    rollout_actor_agreement,
-    sampled_pass_rate,
-)
-from recipe.exgrpo.replay_step.batch import IS_REPLAY_KEY  # noqa: E402
+from exgrpo.config import ExGRPOConfig
+from recipe.exgrpo.replay_step import ReplayStep, Rows
+from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY
+from recipe.exgrpo.replay_step.metrics import reward_health, rollout_actor_agreement, sampled_pass_rate
 
 
-def _batch(rollout: torch.Tensor, actor: torch.Tensor, mask: torch.Tensor, replay: list[bool]) -> DataProto:
-    return DataProto.from_dict(
-        tensors={
+def _batch(rollout: torch.Tensor, actor: torch.Tensor, mask: torch.Tensor, replay: list[bool]) -> Rows:
+    return Rows.of(
+        {
             "rollout_log_probs": rollout,
             "old_log_probs": actor,
             "response_mask": mask,
             IS_REPLAY_KEY: torch.tensor(replay),
         }
+    )
+
+
+def _replay_step() -> ReplayStep:
+    """A replay step of a new run: only its agreement baseline matters here."""
+    return ReplayStep(
+        ExGRPOConfig.from_dict({}, k=2),
+        questions_per_step=1,
+        question_ids=[],
+        row_of_question={},
+        epoch_batches=list,
+        pad_token_id=0,
+        response_width=1,
     )
 
 
@@ -45,7 +51,7 @@ def test_gap_is_measured_on_generated_tokens_only():
 
 
 def test_gap_is_absent_without_rollout_log_probs():
-    batch = DataProto.from_dict(tensors={"old_log_probs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)})
+    batch = Rows.of({"old_log_probs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)})
     assert rollout_actor_agreement(batch) == {}
 
 
@@ -89,7 +95,7 @@ def _bf16_noise(gen: torch.Generator, shape) -> torch.Tensor:
     return torch.where(outliers, 1.5 * torch.randn(shape, generator=gen).sign(), noise)
 
 
-def _step(gen, base, drift, actor_steps: int, rollout_steps: int | None, wrong: float = 0.0) -> DataProto:
+def _step(gen, base, drift, actor_steps: int, rollout_steps: int | None, wrong: float = 0.0) -> Rows:
     """One step's generated rows: the actor has taken ``actor_steps`` updates (logits ``base + drift * t``), the
     rollout serves the weights of ``rollout_steps`` (None: weights that are not the actor's at all); tokens are
     sampled from the rollout, and each side's log-prob of them carries its own bf16 noise."""
@@ -110,8 +116,8 @@ def _run(rollout_steps_of, steps=(0, 1, 10, 50, 100), seed=0, **kw) -> list[dict
     gen = torch.Generator().manual_seed(seed)
     base = 2.0 * torch.randn(ROWS, TOKENS, VOCAB, generator=gen)
     drift = 2e-3 * torch.randn(ROWS, TOKENS, VOCAB, generator=gen)  # one update at a small learning rate
-    trainer = RayExGRPOTrainer.__new__(RayExGRPOTrainer)  # only the metric's state; no Ray
-    return [trainer._rollout_actor_agreement(_step(gen, base, drift, t, rollout_steps_of(t), **kw)) for t in steps]
+    replay = _replay_step()
+    return [replay._rollout_actor_agreement(_step(gen, base, drift, t, rollout_steps_of(t), **kw)) for t in steps]
 
 
 def test_agreement_on_gpu_noise_stays_at_its_floor():
@@ -147,7 +153,7 @@ def test_agreement_shows_weights_that_are_not_the_actors():
 
 
 def test_agreement_keys_and_the_first_step_baseline():
-    trainer = RayExGRPOTrainer.__new__(RayExGRPOTrainer)
+    trainer = _replay_step()
     actor = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]])
     mask = torch.ones(2, 3)
     first = trainer._rollout_actor_agreement(_batch(actor + 0.01, actor, mask, [False, False]))
@@ -156,6 +162,6 @@ def test_agreement_keys_and_the_first_step_baseline():
     later = trainer._rollout_actor_agreement(_batch(actor + 0.03, actor, mask, [False, False]))
     assert later[VS_FIRST] == pytest.approx(3.0)
     # an exact match (no noise at all) gives no baseline to divide by: the ratio waits for a non-zero gap
-    exact = RayExGRPOTrainer.__new__(RayExGRPOTrainer)
+    exact = _replay_step()
     assert VS_FIRST not in exact._rollout_actor_agreement(_batch(actor, actor, mask, [False, False]))
     assert exact._rollout_actor_agreement(_batch(actor + 0.02, actor, mask, [False, False]))[VS_FIRST] == 1.0
