@@ -205,8 +205,9 @@ def register_reward_mode(name: str, **tags: Any) -> Callable[[type[RewardMode]],
 
 
 def get_reward_mode(name: str) -> type[RewardMode]:
-    """The mode registered under ``name``; an unknown name is a ValueError listing the registered ones."""
-    return REWARD_MODES.get(name)
+    """The mode registered under ``name``; an unknown name raises ``UnknownNameError`` (a ValueError and a KeyError)
+    listing the registered ones."""
+    return REWARD_MODES[name]
 
 
 def option_defaults() -> dict[str, Any]:

@@ -116,7 +116,7 @@ class ContinuousRules:
             raise ValueError(f"equal_spread must be one of {list(EQUAL_SPREAD_CHOICES)}, got {self.equal_spread!r}")
         if not (math.isfinite(self.flat_std) and self.flat_std >= 0.0):
             raise ValueError(f"flat_std must be a finite number >= 0, got {self.flat_std}")
-        CONTINUOUS_MEMBER_RULES.get(self.members)
+        CONTINUOUS_MEMBER_RULES[self.members]
         if CONTINUOUS_MEMBER_RULES.tag(self.members, "needs_threshold") and self.member_threshold is None:
             raise ValueError(f"continuous member rule {self.members!r} needs member_threshold")
 
@@ -191,7 +191,7 @@ def plan_groups(
     σ_min and σ_max run over every group of the call (flat ones and those of retired questions included: the
     paper normalises over the batch). The groups must have K members each (checked by the caller).
     """
-    rule = CONTINUOUS_MEMBER_RULES.get(rules.members)
+    rule = CONTINUOUS_MEMBER_RULES[rules.members]
     stats = []
     for g in groups:
         rewards = np.asarray([float(m.reward) for m in g.members], dtype=np.float64)

@@ -112,7 +112,7 @@ def test_the_registry_refuses_a_clashing_key_and_a_non_mode():
     with pytest.raises(TypeError, match="must be a RewardMode subclass"):
         register_reward_mode("test_not_a_mode")(dict)
     with pytest.raises(ValueError, match="unknown reward mode 'binray'.*did you mean 'binary'"):
-        REWARD_MODES.get("binray")
+        REWARD_MODES["binray"]
     assert issubclass(BinaryMode, RewardMode) and set(REWARD_MODES) >= {"binary", "continuous"}
 
 
