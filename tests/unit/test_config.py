@@ -11,7 +11,7 @@ from exgrpo.experience import sampler as sampler_mod
 def test_defaults_follow_algorithm_md():
     cfg = ExGRPOConfig.from_dict({}, k=8)
     assert cfg.k == 8
-    assert cfg.replay_ratio == 0.5 and cfg.delayed_start_threshold == 0.35
+    assert cfg.replay_ratio == 0.5 and cfg.mode_options.delayed_start_threshold == 0.35
     assert cfg.resolved_rbound == 7 and cfg.bucket_rbound is None and cfg.bucket_lbound == 0  # None -> K-1
     assert cfg.resolved_sigma == pytest.approx(1 / 8) and cfg.sigma is None  # None -> 1/K (accuracy units)
     assert cfg.weighting == "normal" and cfg.mu == 0.5
