@@ -94,15 +94,17 @@ def top_1(rewards: np.ndarray, fresh: np.ndarray, mean: float, threshold: float 
 
 @register_member_rule("above_threshold", needs_threshold=True)
 def above_threshold(rewards: np.ndarray, fresh: np.ndarray, mean: float, threshold: float | None) -> list[int]:
-    """Fresh members whose reward reaches ``member_threshold`` (the binary rule is this one at 1.0)."""
-    if threshold is None:
-        raise ValueError("exgrpo.continuous_members=above_threshold needs exgrpo.member_threshold")
+    """Fresh members whose reward reaches ``member_threshold`` (the binary rule is this one at 1.0; the config
+    requires the threshold with this rule, tagged ``needs_threshold``)."""
     return [i for i in range(rewards.shape[0]) if fresh[i] and rewards[i] >= threshold]
 
 
 @dataclass(frozen=True)
 class ContinuousRules:
-    """The continuous mode's collection settings (the ``exgrpo.*`` keys of the same names; ``epsilon`` resolved)."""
+    """The continuous mode's collection settings (the ``exgrpo.*`` keys of the same names; ``epsilon`` resolved).
+
+    The values are a validated config's (:meth:`from_config`): ``ContinuousOptions`` declares their ranges and
+    choices and ``ContinuousMode.validate`` requires the threshold a rule needs; they are not checked again here."""
 
     epsilon: float
     equal_spread: str = "max"
@@ -110,17 +112,6 @@ class ContinuousRules:
     retire_mean_reward: float | None = None
     members: str = "above_mean"
     member_threshold: float | None = None
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.epsilon) and 0.0 < self.epsilon <= 1.0):
-            raise ValueError(f"spread epsilon must be in (0, 1], got {self.epsilon}")
-        if self.equal_spread not in EQUAL_SPREAD_CHOICES:
-            raise ValueError(f"equal_spread must be one of {list(EQUAL_SPREAD_CHOICES)}, got {self.equal_spread!r}")
-        if not (math.isfinite(self.flat_std) and self.flat_std >= 0.0):
-            raise ValueError(f"flat_std must be a finite number >= 0, got {self.flat_std}")
-        CONTINUOUS_MEMBER_RULES[self.members]
-        if CONTINUOUS_MEMBER_RULES.tag(self.members, "needs_threshold") and self.member_threshold is None:
-            raise ValueError(f"continuous member rule {self.members!r} needs member_threshold")
 
     @classmethod
     def from_config(cls, cfg: Any) -> ContinuousRules:
