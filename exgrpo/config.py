@@ -279,7 +279,7 @@ class ExGRPOConfig:
         return get_reward_mode(self.reward_mode)
 
     @classmethod
-    def declared(cls) -> dict[str, Declared]:
+    def declarations(cls) -> dict[str, Declared]:
         """The config's own keys as declared (the reward modes' keys are each mode's: :func:`mode_declarations`)."""
         return declared(cls)
 

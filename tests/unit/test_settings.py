@@ -27,7 +27,7 @@ def _yaml_block(repo_root) -> dict:
 def yaml_disagreements(block: dict) -> list[str]:
     """How the yaml's ``exgrpo:`` block differs from the declarations: a declared key it lacks (except those the
     trainer fills, K), a key no declaration has, a value or type (0 vs 0.0, true vs 1) other than the default."""
-    declarations = {key: d for key, d in ExGRPOConfig.declared().items() if d.setting.filled_from is None}
+    declarations = {key: d for key, d in ExGRPOConfig.declarations().items() if d.setting.filled_from is None}
     declarations.update(option_declarations())  # the reward modes' keys: the yaml shows them too
     problems = [f"exgrpo.{key} is declared but not in the yaml" for key in declarations if key not in block]
     problems += [f"exgrpo.{key} is in the yaml but declared nowhere" for key in block if key not in declarations]
