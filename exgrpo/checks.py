@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["ConfigError", "check_bool", "check_choice", "check_float", "check_int", "collecting", "fail"]
+__all__ = ["ConfigError", "check_bool", "check_choice", "check_float", "check_int", "collecting", "fail", "range_text"]
 
 
 class ConfigError(ValueError):
@@ -78,14 +78,15 @@ def check_bool(value: Any, key: str) -> bool:
     return True
 
 
-def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+def range_text(lo: object, hi: object, lo_open: bool, hi_open: bool) -> str:
+    """The interval as the messages write it, ``[0.0, 1.0)``; None is unbounded, a bound may be symbolic (``K-2``)."""
     left = "-inf" if lo is None else f"{lo}"
     right = "inf" if hi is None else f"{hi}"
     return f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
 
 
 def check_int(value: Any, key: str, lo: int | None = None, hi: int | None = None, hint: str = "") -> bool:
-    rng = _range_text(lo, hi, False, False)
+    rng = range_text(lo, hi, False, False)
     extra = f" ({hint})" if hint else ""
     if isinstance(value, bool) or not isinstance(value, int):
         return fail(f"exgrpo.{key} must be an integer in {rng}{extra}, got {value!r}")
@@ -103,7 +104,7 @@ def check_float(
     hi_open: bool = False,
     hint: str = "",
 ) -> bool:
-    rng = _range_text(lo, hi, lo_open, hi_open)
+    rng = range_text(lo, hi, lo_open, hi_open)
     extra = f" ({hint})" if hint else ""
     msg = f"exgrpo.{key} must be a number in {rng}{extra}, got {value!r}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

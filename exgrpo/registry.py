@@ -6,13 +6,15 @@ functions), in the style of verl's ``register_policy_loss``: adding a variant is
     @SHAPINGS.register("policy_shaping")
     def policy_shaping(log_ratio, *, beta): ...
 
-    fn = SHAPINGS.get(cfg.shaping)          # unknown name: ValueError with the registered names and a did-you-mean
+    fn = SHAPINGS[cfg.shaping]              # unknown name: UnknownNameError with the registered names, a did-you-mean
+    fn = SHAPINGS.get(name)                 # unknown name: None (or the default given), as for any Mapping
 
 Rules, the same everywhere: a name is registered once (a second registration is an error, even of the same
-function, so two modules cannot silently fight over a name); lookups of an unknown name fail with the registered
-names and the closest match; per-entry facts (e.g. "this weighting is per question") are keyword tags stored with
-the entry, not side tables. A registry is a read-only ``Mapping`` of name → object, so ``name in REGISTRY``,
-``sorted(REGISTRY)`` and ``REGISTRY[name]`` work as for a dict.
+function, so two modules cannot silently fight over a name); ``REGISTRY[name]`` of an unknown name raises
+:class:`UnknownNameError` (a ``KeyError``, and a ``ValueError`` since the name is usually a config value) naming
+the registered names and the closest match; per-entry facts (e.g. "this weighting is per question") are keyword
+tags stored with the entry, not side tables. A registry is a read-only ``Mapping`` of name → object, so
+``name in REGISTRY``, ``sorted(REGISTRY)`` and ``REGISTRY.get(name, default)`` work as for a dict.
 """
 
 from __future__ import annotations
@@ -21,9 +23,18 @@ import difflib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "UnknownNameError"]
 
 T = TypeVar("T")
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A name no entry of a registry has: a ``KeyError`` for the ``Mapping`` (``get``, ``in``), a ``ValueError`` for
+    the caller whose name came from a setting. Its text names the registered names and the closest match."""
+
+    def __str__(self) -> str:
+        # KeyError would print the repr of the message (quoted); this is a sentence
+        return str(self.args[0]) if self.args else ""
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -56,19 +67,18 @@ class Registry(Mapping[str, T], Generic[T]):
         self._tags.pop(name, None)
 
     # ------------------------------------------------------------------ lookup
-    def get(self, name: str, default: Any = None) -> T:  # type: ignore[override]
-        """The object registered under ``name``; an unknown name is a ValueError naming the registered ones.
-
-        (``default`` exists for the ``Mapping`` signature only: a registry lookup never falls back silently.)
-        """
+    def __getitem__(self, name: str) -> T:
+        """The object registered under ``name``; an unknown name (or one that is no name at all, e.g. a list) is an
+        :class:`UnknownNameError` naming the registered ones and the closest match. ``get`` is the ``Mapping``'s:
+        ``default`` (None) for an unknown name."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            raise ValueError(self.unknown_message(name)) from None
+            raise UnknownNameError(self.unknown_message(name)) from None
 
     def tag(self, name: str, tag: str, default: Any = None) -> Any:
-        """A fact registered with the entry (``register(name, tag=value)``)."""
-        self.get(name)
+        """A fact registered with the entry (``register(name, tag=value)``); an unknown ``name`` raises as ``[]``."""
+        self[name]
         return self._tags[name].get(tag, default)
 
     def names_with(self, tag: str) -> list[str]:
@@ -83,9 +93,6 @@ class Registry(Mapping[str, T], Generic[T]):
         return f"unknown {self.kind} {name!r}{where}; registered: {sorted(self._entries)}{hint}"
 
     # ------------------------------------------------------------------ Mapping
-    def __getitem__(self, name: str) -> T:
-        return self._entries[name]
-
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
 

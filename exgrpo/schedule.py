@@ -34,7 +34,8 @@ START_SIGNALS = ("pass_rate", "mean_reward", "steps")
 
 
 def replay_count(batch_size: int, replay_ratio: float) -> int:
-    """floor(rho * B), robust to float error (0.29 * 100 must give 29, not 28)."""
+    """floor(rho * B), robust to float error (0.29 * 100 must give 29, not 28). ``replay_ratio`` is the schedule's
+    rho of a step (validated with the config: in [0, 1))."""
     if batch_size < 0:
         raise ValueError(f"batch size must be >= 0, got {batch_size}")
     return int(math.floor(replay_ratio * batch_size + 1e-9))
@@ -54,15 +55,13 @@ class ExperienceSchedule:
     ):
         """``signal``: ``pass_rate`` (binary: mixed after the first step whose pass rate is > ``threshold``;
         negative = from step 1), ``mean_reward`` (after the first step whose mean reward is > ``threshold``, any
-        real number) or ``steps`` (mixed once ``start_steps`` steps are done; 0 = from step 1)."""
-        if not 0.0 <= replay_ratio < 1.0:
-            raise ValueError(f"replay ratio must be in [0, 1), got {replay_ratio}")
-        if ramp_steps < 0:
-            raise ValueError(f"ramp steps must be >= 0, got {ramp_steps}")
+        real number) or ``steps`` (mixed once ``start_steps`` steps are done; 0 = from step 1).
+
+        The values are a validated config's (:meth:`from_config`): ``exgrpo.replay_ratio`` in [0, 1), the ramp and
+        the start steps >= 0 are checked there, once, and trusted here. ``signal`` comes from the reward mode's code
+        (``schedule_settings``), not from a user: an unknown one is a mode's bug, refused here."""
         if signal not in START_SIGNALS:
             raise ValueError(f"start signal must be one of {list(START_SIGNALS)}, got {signal!r}")
-        if start_steps < 0:
-            raise ValueError(f"start steps must be >= 0, got {start_steps}")
         self.target_ratio = float(replay_ratio)
         self.threshold = float(threshold)
         self.ramp_steps = int(ramp_steps)

@@ -35,14 +35,14 @@ from exgrpo.modes.binary import BinaryMode
 
 __all__ = ["COUNTERS", "CollectionRules"]
 
-ZERO_SUCCESS_CHOICES = ("bucket0", "keep")
-COLLECT_FROM_CHOICES = ("start", "mixed")
 #: Running totals kept by the writer (logged as ``pool/<name>_total``).
 COUNTERS = ("collected", "duplicates", "evicted", "retired", "unretired", "collect_calls")
 
 
 class CollectionRules:
-    """Collection (§3) into the given components. Settings as in ``ExGRPOConfig`` (bucket_lbound, ...)."""
+    """Collection (§3) into the given components. Settings as in ``ExGRPOConfig`` (bucket_lbound, ...), whose
+    validation checks them (``0 <= lbound < rbound <= K-1``, the choices of ``zero_success`` and ``collect_from``)
+    once, at start-up: they are not checked again here."""
 
     def __init__(
         self,
@@ -62,12 +62,6 @@ class CollectionRules:
         """``mode``: the reward mode whose rules plan each group (``exgrpo.modes``); None = the binary mode."""
         k = buckets.k
         rbound = k - 1 if rbound is None else rbound
-        if not 0 <= lbound < rbound <= k - 1:
-            raise ValueError(f"collection bounds must satisfy 0 <= lbound < rbound <= K-1, got {lbound}, {rbound}")
-        if zero_success not in ZERO_SUCCESS_CHOICES:
-            raise ValueError(f"zero_success must be 'bucket0' or 'keep', got {zero_success!r}")
-        if collect_from not in COLLECT_FROM_CHOICES:
-            raise ValueError(f"collect_from must be 'start' or 'mixed', got {collect_from!r}")
         self.table, self.tokens, self.buckets = table, tokens, buckets
         self.k = k
         self.lbound = lbound

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DATA_FILES",
     "ENTRIES_FILE",
-    "STORAGE_LAYOUTS",
     "TOKENS_FILE",
     "Candidate",
     "CollectStats",
@@ -52,7 +51,6 @@ __all__ = [
     "is_success",
 ]
 
-STORAGE_LAYOUTS = ("arena", "per_entry")
 ENTRIES_FILE = "entries.arrow"
 TOKENS_FILE = "tokens.arrow"
 DATA_FILES = (ENTRIES_FILE, TOKENS_FILE)
@@ -75,11 +73,8 @@ class ExperiencePool:
         tokens) or ``per_entry``. ``rules``: the settings of :class:`CollectionRules` (``lbound``, ``rbound``,
         ``count_replayed_in_k``, ``zero_success``, ``collect_from``, ``max_entries_per_question``,
         ``max_total_tokens``, ``mode``: the reward mode whose rules plan each group, ``exgrpo.modes``; default
-        binary)."""
-        if k < 2:
-            raise ValueError(f"K (group size) must be >= 2, got {k}")
-        if storage not in STORAGE_LAYOUTS:
-            raise ValueError(f"unknown pool storage {storage!r}; expected one of {list(STORAGE_LAYOUTS)}")
+        binary). The values are a validated config's (``exgrpo.k`` >= 2, ``pool_storage``, the collection keys) or,
+        for a saved pool, its header's, checked where the header is read: they are not checked again here."""
         self.k = k
         self.storage = storage  # the layout name (``pool_storage``)
         self.table = EntryTable()

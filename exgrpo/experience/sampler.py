@@ -74,15 +74,12 @@ class BucketSampler:
     def __init__(
         self, k: int, *, weighting: str = "normal", mu: float = 0.5, sigma: float | None = None, seed: int = 0
     ):
-        if k < 2:
-            raise ValueError(f"K (group size) must be >= 2, got {k}")
-        get_bucket_weighting(weighting)
+        """K (>= 2), ``weighting`` (a registered one), ``mu`` and ``sigma`` (> 0; None = 1/K) as the keys of a
+        validated config (``exgrpo.k``, ``weighting``, ``mu``, ``sigma``: checked there, not again here)."""
         self.k = k
         self.weighting = weighting
         self.mu = float(mu)
         self.sigma = 1.0 / k if sigma is None else float(sigma)
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
         self.rng = np.random.default_rng([int(seed), 0x5A])  # stream distinct from the selection's
 
     @classmethod

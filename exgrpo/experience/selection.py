@@ -176,11 +176,8 @@ class TrajectorySelector:
     """Choose one trajectory per question by a registered metric; seeded RNG in :meth:`state_dict`."""
 
     def __init__(self, metric: str = "entropy", mode: str = "min", *, seed: int = 0, ngram: int = 4):
-        get_trajectory_metric(metric)
-        if mode not in ("min", "max"):
-            raise ValueError(f"selection mode must be 'min' or 'max', got {mode!r}")
-        if ngram < 1:
-            raise ValueError(f"ngram must be >= 1, got {ngram}")
+        """``metric``, ``mode`` (min | max) and ``ngram`` (>= 1) as ``exgrpo.trajectory_metric``,
+        ``trajectory_mode`` and ``diversity_ngram`` of a validated config (checked there, not again here)."""
         self.metric = metric
         self.mode = mode
         self.ngram = ngram

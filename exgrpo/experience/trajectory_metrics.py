@@ -61,8 +61,9 @@ def register_trajectory_metric(
 
 
 def get_trajectory_metric(name: str) -> TrajectoryMetric:
-    """The metric registered as ``name``; ValueError with the registered names and a did-you-mean."""
-    return TRAJECTORY_METRICS.get(name)
+    """The metric registered as ``name``; an unknown name raises ``UnknownNameError`` (a ValueError and a KeyError)
+    with the registered names and a did-you-mean."""
+    return TRAJECTORY_METRICS[name]
 
 
 def needs_scores(name: str) -> bool:

@@ -43,8 +43,9 @@ def register_bucket_weighting(name: str, *, per_question: bool = False) -> Calla
 
 
 def get_bucket_weighting(name: str) -> BucketWeighting:
-    """The weighting registered as ``name``; ValueError with the registered names and a did-you-mean."""
-    return BUCKET_WEIGHTINGS.get(name)
+    """The weighting registered as ``name``; an unknown name raises ``UnknownNameError`` (a ValueError and a
+    KeyError) with the registered names and a did-you-mean."""
+    return BUCKET_WEIGHTINGS[name]
 
 
 def is_per_question(name: str) -> bool:

@@ -9,27 +9,29 @@ from exgrpo.modes.base import (
     DEFAULT_REWARD_MODE,
     REWARD_MODES,
     GroupPlan,
-    ModeOption,
+    ModeOptions,
     RewardMode,
     get_reward_mode,
-    option_defaults,
+    option_declarations,
     option_owners,
     register_reward_mode,
     saved_mode_name,
 )
-from exgrpo.modes.binary import BinaryMode
-from exgrpo.modes.continuous import ContinuousMode
+from exgrpo.modes.binary import BinaryMode, BinaryOptions
+from exgrpo.modes.continuous import ContinuousMode, ContinuousOptions
 
 __all__ = [
     "DEFAULT_REWARD_MODE",
     "REWARD_MODES",
     "BinaryMode",
+    "BinaryOptions",
     "ContinuousMode",
+    "ContinuousOptions",
     "GroupPlan",
-    "ModeOption",
+    "ModeOptions",
     "RewardMode",
     "get_reward_mode",
-    "option_defaults",
+    "option_declarations",
     "option_owners",
     "register_reward_mode",
     "saved_mode_name",

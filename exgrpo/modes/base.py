@@ -3,9 +3,13 @@ otherwise decide by comparing the mode's name (docs/algorithm.md §13, docs/arch
 
 A mode owns
 
-* **its config keys** (:attr:`RewardMode.options`: ``exgrpo.<key>`` -> :class:`ModeOption`) and their validation
-  (:meth:`RewardMode.validate`). ``ExGRPOConfig`` accepts every registered mode's keys; a key that only other modes
-  read must keep its default in a run of this mode (it would do nothing), and the config says which mode reads it;
+* **its config keys**: a dataclass subclassing :class:`~exgrpo.settings.ModeOptions` (:attr:`RewardMode.options_class`)
+  whose fields declare them with :func:`~exgrpo.settings.setting` (type, default, range or choices, help), in the
+  mode's module; :attr:`RewardMode.options` lists them as declared. The declared ranges are checked with the
+  config's; :meth:`RewardMode.validate` adds the checks across keys. ``ExGRPOConfig`` accepts every registered
+  mode's keys (flat: ``exgrpo.<key>``) and holds the run's mode's as ``cfg.mode_options``; a key that only other
+  modes read must keep its default in a run of this mode (it would do nothing), and the config says which mode
+  reads it;
 * **its collection rules** (:meth:`RewardMode.planner`): per group of one collect call, a :class:`GroupPlan` —
   retire the question, its bucket (None: the group carries no learning signal, and the ``zero_success`` rule
   applies), the fresh members to store. The writer applies plans the same way for every mode; the mode keeps the
@@ -20,7 +24,8 @@ A mode owns
 
 Adding a mode is one module with one decorated class (``@register_reward_mode("name")``), imported by
 ``exgrpo/modes/__init__.py``. The class-level parts (options, validation, schedule settings, description) work on a
-config; :meth:`RewardMode.from_config` builds the instance the pool and the manager use.
+config; :meth:`RewardMode.from_config` builds the instance the pool and the manager use. A mode reads its keys typed
+through its options class: ``BinaryOptions.of(cfg).delayed_start_threshold``.
 
 This module imports neither the config (which imports the modes to validate) nor the pool (whose writer applies the
 plans): a mode sees a config duck-typed, through its attributes.
@@ -28,21 +33,23 @@ plans): a mode sees a config duck-typed, through its attributes.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from exgrpo.registry import Registry
+from exgrpo.settings import Declared, ModeOptions, declared
 
 __all__ = [
     "DEFAULT_REWARD_MODE",
     "REWARD_MODES",
     "GroupPlan",
-    "ModeOption",
+    "ModeOptions",
     "RewardMode",
     "get_reward_mode",
-    "option_defaults",
+    "option_declarations",
     "option_owners",
     "register_reward_mode",
     "saved_mode_name",
@@ -51,14 +58,6 @@ __all__ = [
 #: The mode of a config that names none, and of a saved pool whose header carries no mode (pools of the paper's
 #: binary mode predate the tag).
 DEFAULT_REWARD_MODE = "binary"
-
-
-@dataclass(frozen=True)
-class ModeOption:
-    """A key of the ``exgrpo:`` block that a mode owns: its default and what it means."""
-
-    default: Any
-    doc: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,8 +80,11 @@ class RewardMode(ABC):
 
     #: the registered name (``exgrpo.reward_mode``), set by :func:`register_reward_mode`
     name: ClassVar[str] = ""
-    #: the ``exgrpo.*`` keys this mode reads and no mode-independent code does
-    options: ClassVar[Mapping[str, ModeOption]] = {}
+    #: the dataclass declaring the ``exgrpo.*`` keys this mode reads and no mode-independent code does (a mode
+    #: extending another extends its options class, so a key they share is one declaration)
+    options_class: ClassVar[type[ModeOptions]] = ModeOptions
+    #: those keys as declared (derived from :attr:`options_class`, never set by hand)
+    options: ClassVar[Mapping[str, Declared]] = {}
     #: a reward model (``reward.reward_model.enable``, real-valued scores) is a valid reward for this mode
     accepts_reward_model: ClassVar[bool] = False
     #: the per-step metric that shows this mode's training signal (the learning curves plot it)
@@ -93,10 +95,27 @@ class RewardMode(ABC):
     #: the buckets mean, and an axis title
     bucket_wording: ClassVar[tuple[str, str, str]] = ("{b}", "buckets 0..{k_1}", "bucket")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "options" in cls.__dict__:
+            raise TypeError(
+                f"reward mode class {cls.__name__}: declare its keys as a ModeOptions dataclass (options_class), "
+                "each with exgrpo.settings.setting(...); options is derived from it"
+            )
+        oc = cls.options_class
+        if not (isinstance(oc, type) and issubclass(oc, ModeOptions) and dataclasses.is_dataclass(oc)):
+            raise TypeError(f"reward mode class {cls.__name__}: options_class must be a ModeOptions dataclass")
+        undeclared = [f.name for f in dataclasses.fields(oc) if f.name not in declared(oc)]
+        if undeclared:
+            raise TypeError(f"{oc.__name__}: declare every key with exgrpo.settings.setting(...), not {undeclared}")
+        cls.options = declared(oc)
+
     # ------------------------------------------------------------------ config (class level: a config suffices)
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        """Check this mode's own keys on ``cfg`` through ``exgrpo.checks`` (collected with the config's problems)."""
+        """The checks across this mode's keys (``cfg.mode_options``; each key's own type, range and choices are
+        checked from its declaration before), through ``exgrpo.checks`` (collected with the config's problems).
+        A check that reads a key whose own check may have failed tests the value first."""
         return None
 
     @classmethod
@@ -183,8 +202,8 @@ REWARD_MODES: Registry[type[RewardMode]] = Registry("reward mode", key="exgrpo.r
 def register_reward_mode(name: str, **tags: Any) -> Callable[[type[RewardMode]], type[RewardMode]]:
     """Class decorator: register a :class:`RewardMode` subclass under ``name`` (sets its ``name``).
 
-    Its options must not clash with another mode's: a key two modes read (a mode extending another) must have the
-    same default in both, since a run of a third mode requires that default.
+    Its options must not clash with another mode's: a key two modes read is one declaration (a mode extending
+    another extends its options class), since a run of a third mode requires its default.
     """
 
     def decorator(cls: type[RewardMode]) -> type[RewardMode]:
@@ -192,11 +211,19 @@ def register_reward_mode(name: str, **tags: Any) -> Callable[[type[RewardMode]],
             raise TypeError(f"reward mode {name!r} must be a RewardMode subclass, got {cls!r}")
         for key, option in cls.options.items():
             for other_name, other in REWARD_MODES.items():
-                if key in other.options and other.options[key].default != option.default:
+                theirs = other.options.get(key)
+                if theirs is None or theirs == option:
+                    continue
+                if theirs.default != option.default:
                     raise ValueError(
                         f"reward mode {name!r}: option exgrpo.{key} has default {option.default!r}, but reward mode "
-                        f"{other_name!r} reads the same key with default {other.options[key].default!r}"
+                        f"{other_name!r} reads the same key with default {theirs.default!r}"
                     )
+                raise ValueError(
+                    f"reward mode {name!r}: option exgrpo.{key} is declared differently from reward mode "
+                    f"{other_name!r}'s ({option} vs {theirs}): one key, one declaration (extend "
+                    f"{other.options_class.__name__} to read it)"
+                )
         REWARD_MODES.register(name, **tags)(cls)
         cls.name = name
         return cls
@@ -205,16 +232,18 @@ def register_reward_mode(name: str, **tags: Any) -> Callable[[type[RewardMode]],
 
 
 def get_reward_mode(name: str) -> type[RewardMode]:
-    """The mode registered under ``name``; an unknown name is a ValueError listing the registered ones."""
-    return REWARD_MODES.get(name)
+    """The mode registered under ``name``; an unknown name raises ``UnknownNameError`` (a ValueError and a KeyError)
+    listing the registered ones."""
+    return REWARD_MODES[name]
 
 
-def option_defaults() -> dict[str, Any]:
-    """Every registered mode's keys with their defaults (the keys in registration order)."""
-    out: dict[str, Any] = {}
+def option_declarations() -> dict[str, Declared]:
+    """Every registered mode's keys as declared (the keys in registration order; a key two modes read is one
+    declaration, :func:`register_reward_mode` sees to it)."""
+    out: dict[str, Declared] = {}
     for mode in REWARD_MODES.values():
         for key, option in mode.options.items():
-            out.setdefault(key, option.default)
+            out.setdefault(key, option)
     return out
 
 

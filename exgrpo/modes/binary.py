@@ -11,14 +11,15 @@ reward 1 / all B·K responses) is strictly greater than τ (``delayed_start_thre
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from exgrpo.checks import check_float
-from exgrpo.modes.base import GroupPlan, ModeOption, RewardMode, register_reward_mode
+from exgrpo.modes.base import GroupPlan, RewardMode, register_reward_mode
+from exgrpo.settings import ModeOptions, setting
 
-__all__ = ["SUCCESS_REWARD", "BinaryMode", "batch_pass_rate", "is_success"]
+__all__ = ["SUCCESS_REWARD", "BinaryMode", "BinaryOptions", "batch_pass_rate", "is_success"]
 
 #: A member counts as correct (a "success") when its reward reaches 1: the training reward is binary (§10).
 SUCCESS_REWARD = 1.0
@@ -37,17 +38,26 @@ def batch_pass_rate(rewards: Iterable[float] | np.ndarray | Any, threshold: floa
     return float(np.count_nonzero(r >= threshold) / r.size)
 
 
+@dataclass
+class BinaryOptions(ModeOptions):
+    """The binary mode's keys (``exgrpo.<key>``)."""
+
+    delayed_start_threshold: float = setting(
+        0.35,
+        hi=1.0,
+        hi_open=True,
+        hint="a pass rate never exceeds 1, so tau >= 1 would never start mixed mode; "
+        "negative means mixed from step 1; use exgrpo.enable=false for plain GRPO",
+        help="tau: mixed mode starts after the first step whose batch pass rate is > tau; negative = from step 1",
+    )
+
+
 @register_reward_mode("binary")
 class BinaryMode(RewardMode):
     """Success counts out of K (the paper's ExGRPO); a subclass may move what counts as a success
     (:attr:`success_reward`)."""
 
-    options = {
-        "delayed_start_threshold": ModeOption(
-            0.35,
-            "tau: mixed mode starts after the first step whose batch pass rate is > tau; negative = mixed from step 1",
-        ),
-    }
+    options_class = BinaryOptions
     bucket_wording = (
         "{b}/{k}",
         "bucket = successes out of K = {k} in the question's latest group (0: a later 0/{k}, never replayed)",
@@ -57,23 +67,12 @@ class BinaryMode(RewardMode):
     success_reward: float = SUCCESS_REWARD
 
     @classmethod
-    def validate(cls, cfg: Any) -> None:
-        check_float(
-            cfg.delayed_start_threshold,
-            "delayed_start_threshold",
-            hi=1.0,
-            hi_open=True,
-            hint="a pass rate never exceeds 1, so tau >= 1 would never start mixed mode; "
-            "negative means mixed from step 1; use exgrpo.enable=false for plain GRPO",
-        )
-
-    @classmethod
     def schedule_settings(cls, cfg: Any) -> dict[str, Any]:
-        return {"signal": "pass_rate", "threshold": cfg.delayed_start_threshold}
+        return {"signal": "pass_rate", "threshold": BinaryOptions.of(cfg).delayed_start_threshold}
 
     @classmethod
     def describe(cls, cfg: Any) -> str:
-        return f"tau={cfg.delayed_start_threshold:g}"
+        return f"tau={BinaryOptions.of(cfg).delayed_start_threshold:g}"
 
     def settings(self) -> dict[str, Any]:
         # Pools of this mode predate the header's mode tag: their settings (and their saved header) stay as they

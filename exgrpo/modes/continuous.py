@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo.checks import check_choice, check_float, check_int, fail
-from exgrpo.modes.base import GroupPlan, ModeOption, RewardMode, register_reward_mode
+from exgrpo.checks import fail
+from exgrpo.modes.base import GroupPlan, RewardMode, register_reward_mode
 from exgrpo.registry import Registry
+from exgrpo.settings import ModeOptions, setting
 
 if TYPE_CHECKING:
     from exgrpo.experience.records import Group
@@ -48,6 +49,7 @@ __all__ = [
     "CONTINUOUS_MEMBER_RULES",
     "CONTINUOUS_START_CHOICES",
     "ContinuousMode",
+    "ContinuousOptions",
     "EQUAL_SPREAD_CHOICES",
     "ContinuousRules",
     "SpreadPlan",
@@ -92,15 +94,17 @@ def top_1(rewards: np.ndarray, fresh: np.ndarray, mean: float, threshold: float 
 
 @register_member_rule("above_threshold", needs_threshold=True)
 def above_threshold(rewards: np.ndarray, fresh: np.ndarray, mean: float, threshold: float | None) -> list[int]:
-    """Fresh members whose reward reaches ``member_threshold`` (the binary rule is this one at 1.0)."""
-    if threshold is None:
-        raise ValueError("exgrpo.continuous_members=above_threshold needs exgrpo.member_threshold")
+    """Fresh members whose reward reaches ``member_threshold`` (the binary rule is this one at 1.0; the config
+    requires the threshold with this rule, tagged ``needs_threshold``)."""
     return [i for i in range(rewards.shape[0]) if fresh[i] and rewards[i] >= threshold]
 
 
 @dataclass(frozen=True)
 class ContinuousRules:
-    """The continuous mode's collection settings (the ``exgrpo.*`` keys of the same names; ``epsilon`` resolved)."""
+    """The continuous mode's collection settings (the ``exgrpo.*`` keys of the same names; ``epsilon`` resolved).
+
+    The values are a validated config's (:meth:`from_config`): ``ContinuousOptions`` declares their ranges and
+    choices and ``ContinuousMode.validate`` requires the threshold a rule needs; they are not checked again here."""
 
     epsilon: float
     equal_spread: str = "max"
@@ -109,27 +113,17 @@ class ContinuousRules:
     members: str = "above_mean"
     member_threshold: float | None = None
 
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.epsilon) and 0.0 < self.epsilon <= 1.0):
-            raise ValueError(f"spread epsilon must be in (0, 1], got {self.epsilon}")
-        if self.equal_spread not in EQUAL_SPREAD_CHOICES:
-            raise ValueError(f"equal_spread must be one of {list(EQUAL_SPREAD_CHOICES)}, got {self.equal_spread!r}")
-        if not (math.isfinite(self.flat_std) and self.flat_std >= 0.0):
-            raise ValueError(f"flat_std must be a finite number >= 0, got {self.flat_std}")
-        CONTINUOUS_MEMBER_RULES.get(self.members)
-        if CONTINUOUS_MEMBER_RULES.tag(self.members, "needs_threshold") and self.member_threshold is None:
-            raise ValueError(f"continuous member rule {self.members!r} needs member_threshold")
-
     @classmethod
     def from_config(cls, cfg: Any) -> ContinuousRules:
         """From a validated ``ExGRPOConfig`` in continuous mode (ε null resolved to 1/K)."""
+        o = ContinuousOptions.of(cfg)
         return cls(
             epsilon=resolved_spread_epsilon(cfg),
-            equal_spread=cfg.equal_spread,
-            flat_std=float(cfg.flat_std),
-            retire_mean_reward=None if cfg.retire_mean_reward is None else float(cfg.retire_mean_reward),
-            members=cfg.continuous_members,
-            member_threshold=None if cfg.member_threshold is None else float(cfg.member_threshold),
+            equal_spread=o.equal_spread,
+            flat_std=float(o.flat_std),
+            retire_mean_reward=None if o.retire_mean_reward is None else float(o.retire_mean_reward),
+            members=o.continuous_members,
+            member_threshold=None if o.member_threshold is None else float(o.member_threshold),
         )
 
     def settings(self) -> dict[str, Any]:
@@ -191,7 +185,7 @@ def plan_groups(
     σ_min and σ_max run over every group of the call (flat ones and those of retired questions included: the
     paper normalises over the batch). The groups must have K members each (checked by the caller).
     """
-    rule = CONTINUOUS_MEMBER_RULES.get(rules.members)
+    rule = CONTINUOUS_MEMBER_RULES[rules.members]
     stats = []
     for g in groups:
         rewards = np.asarray([float(m.reward) for m in g.members], dtype=np.float64)
@@ -218,7 +212,8 @@ def plan_groups(
 def resolved_spread_epsilon(cfg: Any) -> float:
     """ε of the normalised spread with null resolved to 1/K."""
     assert cfg.k is not None, "exgrpo.k is not set"
-    return 1.0 / cfg.k if cfg.spread_epsilon is None else float(cfg.spread_epsilon)
+    epsilon = ContinuousOptions.of(cfg).spread_epsilon
+    return 1.0 / cfg.k if epsilon is None else float(epsilon)
 
 
 def batch_mean_reward(rewards: Sequence[float] | np.ndarray | Any) -> float:
@@ -288,33 +283,67 @@ def reward_metrics(scores: Any, replayed: Any, uids: Any, extra: Mapping[str, An
 CONTINUOUS_START_CHOICES = ("steps", "mean_reward")
 
 
+@dataclass
+class ContinuousOptions(ModeOptions):
+    """The continuous mode's keys (``exgrpo.<key>``; the module docstring says what each rule does)."""
+
+    spread_epsilon: float | None = setting(
+        None,
+        lo=0.0,
+        hi=1.0,
+        lo_open=True,
+        hint="null means 1/K",
+        help="ε of σ̃ = max((σ − σ_min)/(σ_max − σ_min), ε), in (0, 1]; null means 1/K (bucket 1)",
+    )
+    equal_spread: str = setting(
+        "max",
+        choices=EQUAL_SPREAD_CHOICES,
+        help="σ̃ of every group when all the step's groups have the same σ: max (1) | mid (½) | min (0)",
+    )
+    flat_std: float = setting(
+        0.0,
+        lo=0.0,
+        hint="reward units; 0 = only exactly equal rewards are flat",
+        help="a group whose reward std is <= this (reward units) is flat: no spread, all advantages 0",
+    )
+    retire_mean_reward: float | None = setting(
+        None,
+        hint="reward units; null = never retire",
+        help="a flat group whose mean reward is >= this retires (the binary K/K); null = never (OUR CHOICE)",
+    )
+    continuous_members: str = setting(
+        "above_mean",
+        choices=CONTINUOUS_MEMBER_RULES,
+        help="fresh members stored from a non-flat group: above_mean | top_1 | above_threshold (any registered rule)",
+    )
+    member_threshold: float | None = setting(
+        None,
+        hint="reward units",
+        help="the reward a stored member must reach under a rule that needs it (continuous_members=above_threshold)",
+    )
+    continuous_start: str = setting(
+        "steps",
+        choices=CONTINUOUS_START_CHOICES,
+        help="delayed start: steps (after continuous_start_steps steps; OUR CHOICE) | mean_reward",
+    )
+    continuous_start_steps: int = setting(
+        0,
+        lo=0,
+        hint="0 = mixed from step 1",
+        help="steps before mixed mode under continuous_start=steps (0: from step 1)",
+    )
+    continuous_start_reward: float | None = setting(
+        None,
+        hint="reward units",
+        help="tau in reward units under continuous_start=mean_reward: mixed after the first step whose mean exceeds it",
+    )
+
+
 @register_reward_mode("continuous")
 class ContinuousMode(RewardMode):
     """Buckets from the normalised within-group reward spread (the module docstring)."""
 
-    options = {
-        "spread_epsilon": ModeOption(
-            None, "ε of σ̃ = max((σ − σ_min)/(σ_max − σ_min), ε), in (0, 1]; null means 1/K (bucket 1)"
-        ),
-        "equal_spread": ModeOption(
-            "max", "σ̃ of every group when all the step's groups have the same σ: max (1) | mid (½) | min (0)"
-        ),
-        "flat_std": ModeOption(
-            0.0, "a group whose reward std is <= this (reward units) is flat: no spread, all advantages 0"
-        ),
-        "retire_mean_reward": ModeOption(
-            None, "a flat group whose mean reward is >= this retires (the binary K/K); null = never (OUR CHOICE)"
-        ),
-        "continuous_members": ModeOption(
-            "above_mean", "fresh members stored from a non-flat group: above_mean | top_1 | above_threshold"
-        ),
-        "member_threshold": ModeOption(None, "reward a member needs under continuous_members=above_threshold"),
-        "continuous_start": ModeOption(
-            "steps", "delayed start: steps (after continuous_start_steps steps; OUR CHOICE) | mean_reward"
-        ),
-        "continuous_start_steps": ModeOption(0, "steps before mixed mode under continuous_start=steps (0: step 1)"),
-        "continuous_start_reward": ModeOption(None, "tau in reward units under continuous_start=mean_reward"),
-    }
+    options_class = ContinuousOptions
     accepts_reward_model = True
     signal_metric = "exgrpo/reward/mean"
     signal_label = "mean reward of the sampled responses"
@@ -331,30 +360,22 @@ class ContinuousMode(RewardMode):
     # ------------------------------------------------------------------ config
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        if cfg.spread_epsilon is not None:
-            check_float(cfg.spread_epsilon, "spread_epsilon", lo=0.0, hi=1.0, lo_open=True, hint="null means 1/K")
-        check_choice(cfg.equal_spread, "equal_spread", tuple(EQUAL_SPREAD_CHOICES))
-        check_float(cfg.flat_std, "flat_std", lo=0.0, hint="reward units; 0 = only exactly equal rewards are flat")
-        if cfg.retire_mean_reward is not None:
-            check_float(cfg.retire_mean_reward, "retire_mean_reward", hint="reward units; null = never retire")
-        if check_choice(cfg.continuous_members, "continuous_members", tuple(CONTINUOUS_MEMBER_RULES)):
-            needs = CONTINUOUS_MEMBER_RULES.tag(cfg.continuous_members, "needs_threshold", False)
-            if cfg.member_threshold is not None:
-                check_float(cfg.member_threshold, "member_threshold", hint="reward units")
-            elif needs:
-                fail(
-                    f"exgrpo.continuous_members={cfg.continuous_members} needs exgrpo.member_threshold (the reward "
-                    "a stored member must reach, in reward units)"
-                )
-        if check_choice(cfg.continuous_start, "continuous_start", CONTINUOUS_START_CHOICES):
-            check_int(cfg.continuous_start_steps, "continuous_start_steps", lo=0, hint="0 = mixed from step 1")
-            if cfg.continuous_start_reward is not None:
-                check_float(cfg.continuous_start_reward, "continuous_start_reward", hint="reward units")
-            elif cfg.continuous_start == "mean_reward":
-                fail(
-                    "exgrpo.continuous_start=mean_reward needs exgrpo.continuous_start_reward: mixed mode starts "
-                    "after the first step whose mean reward exceeds it (reward units)"
-                )
+        o = ContinuousOptions.of(cfg)
+        members = o.continuous_members
+        if (
+            o.member_threshold is None
+            and members in CONTINUOUS_MEMBER_RULES
+            and CONTINUOUS_MEMBER_RULES.tag(members, "needs_threshold", False)
+        ):
+            fail(
+                f"exgrpo.continuous_members={members} needs exgrpo.member_threshold (the reward a stored member must "
+                "reach, in reward units)"
+            )
+        if o.continuous_start == "mean_reward" and o.continuous_start_reward is None:
+            fail(
+                "exgrpo.continuous_start=mean_reward needs exgrpo.continuous_start_reward: mixed mode starts "
+                "after the first step whose mean reward exceeds it (reward units)"
+            )
 
     @classmethod
     def foreign_option_problem(cls, key: str, value: Any) -> str | None:
@@ -369,23 +390,25 @@ class ContinuousMode(RewardMode):
 
     @classmethod
     def schedule_settings(cls, cfg: Any) -> dict[str, Any]:
-        reward = cfg.continuous_start_reward
+        o = ContinuousOptions.of(cfg)
+        reward = o.continuous_start_reward
         return {
-            "signal": cfg.continuous_start,
+            "signal": o.continuous_start,
             "threshold": 0.0 if reward is None else float(reward),
-            "start_steps": cfg.continuous_start_steps,
+            "start_steps": o.continuous_start_steps,
         }
 
     @classmethod
     def describe(cls, cfg: Any) -> str:
+        o = ContinuousOptions.of(cfg)
         start = (
-            f"after {cfg.continuous_start_steps} steps"
-            if cfg.continuous_start == "steps"
-            else f"mean reward > {cfg.continuous_start_reward:g}"
+            f"after {o.continuous_start_steps} steps"
+            if o.continuous_start == "steps"
+            else f"mean reward > {o.continuous_start_reward:g}"
         )
         return (
-            f"reward_mode=continuous(members={cfg.continuous_members}, epsilon={resolved_spread_epsilon(cfg):g}, "
-            f"flat_std={cfg.flat_std:g}, start {start}, replay_reward={cfg.replay_reward})"
+            f"reward_mode=continuous(members={o.continuous_members}, epsilon={resolved_spread_epsilon(cfg):g}, "
+            f"flat_std={o.flat_std:g}, start {start}, replay_reward={cfg.replay_reward})"
         )
 
     @classmethod

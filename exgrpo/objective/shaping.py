@@ -35,8 +35,9 @@ def register_shaping(name: str) -> Callable[[ShapingFn], ShapingFn]:
 
 
 def get_shaping_fn(name: str) -> ShapingFn:
-    """The shaping registered as ``name``; an unknown name is a ValueError listing the registered ones."""
-    return SHAPING_REGISTRY.get(name)
+    """The shaping registered as ``name``; an unknown name raises ``UnknownNameError`` (a ValueError and a KeyError)
+    listing the registered ones."""
+    return SHAPING_REGISTRY[name]
 
 
 @register_shaping("none")

@@ -118,11 +118,14 @@ def term_weights(
 ) -> torch.Tensor | None:
     """Per-row weights of paper Eq. 4, or None with ``weight_terms_by_ratio`` off (the release weights only
     through the batch split). ρ on the experience term's rows — ``experience_group_mask`` when given (whole replay
-    groups, :func:`exgrpo.advantage.experience_group_rows`), else the replayed rows — and 1−ρ on the others."""
+    groups, :func:`exgrpo.advantage.experience_group_rows`), else the replayed rows — and 1−ρ on the others.
+
+    ``replay_ratio`` is the schedule's ρ of the step, in [0, 1) since ``exgrpo.replay_ratio`` is validated with the
+    config: its range is not checked again here; only its absence is an error (the caller did not pass it)."""
     if not settings.weight_terms_by_ratio:
         return None
-    if replay_ratio is None or not 0.0 <= replay_ratio <= 1.0:
-        raise ValueError(f"exgrpo.weight_terms_by_ratio needs this step's replay_ratio in [0, 1], got {replay_ratio}")
+    if replay_ratio is None:
+        raise ValueError("exgrpo.weight_terms_by_ratio needs this step's replay_ratio (the schedule's rho), got None")
     n = replay_rows.shape[0]
     if experience_group_mask is not None:
         if experience_group_mask.shape != (n,):

@@ -56,7 +56,7 @@ def reward_mode(settings: Mapping[str, Any]) -> str:
 def _wording(mode: str) -> tuple[str, str, str]:
     """How the buckets of ``mode`` read (the mode's ``bucket_wording``); a mode this code does not know (a pool of
     another version) reads as plain bucket numbers."""
-    return (REWARD_MODES[mode] if mode in REWARD_MODES else RewardMode).bucket_wording
+    return REWARD_MODES.get(mode, RewardMode).bucket_wording
 
 
 def bucket_label(mode: str, bucket: int, k: int) -> str:

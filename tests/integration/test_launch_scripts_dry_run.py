@@ -226,7 +226,7 @@ def test_released_hyperparameters_of_the_7b_run(reports):
     assert (c.data.max_prompt_length, c.data.max_response_length) == (1024, 8192)
     assert actor.optim.lr == pytest.approx(1e-6) and actor.ppo_mini_batch_size == 64
     assert actor.entropy_coeff == pytest.approx(0.001)
-    assert (x.replay_ratio, x.delayed_start_threshold, x.shaping_beta) == (0.5, 0.35, 0.1)
+    assert (x.replay_ratio, x.mode_options.delayed_start_threshold, x.shaping_beta) == (0.5, 0.35, 0.1)
     assert x.enable and x.is_correction and x.shaping == "policy_shaping"
     assert (x.trajectory_metric, x.trajectory_mode, x.weighting) == ("entropy", "min", "normal")
     assert (x.bucket_lbound, x.resolved_rbound, x.resolved_sigma) == (0, 7, pytest.approx(1 / 8))
@@ -250,7 +250,7 @@ def test_backbone_settings(backbone, reports):
     assert r.config.trainer.total_training_steps == (700 if backbone == "qwen2.5_math_7b" else 500)
     llama_base = backbone == "llama3.1_8b"
     # Llama-3.1-8B base: no delayed start (mixed from step 1) and no think gate (docs/algorithm.md §9-10)
-    assert r.exgrpo.delayed_start_threshold == (-1 if llama_base else 0.35)
+    assert r.exgrpo.mode_options.delayed_start_threshold == (-1 if llama_base else 0.35)
     assert r.config.reward.custom_reward_function.reward_kwargs.think_gate is (not llama_base)
     assert str(r.config.trainer.experiment_name) == f"exgrpo_{backbone}"
 

@@ -35,8 +35,9 @@ def test_the_paper_settings_with_a_colocated_reward_model():
     overrides = _launch()
     report = dry_run(overrides)
     c, x = flat(report), report.exgrpo
-    assert x.reward_mode == "continuous" and x.enable and x.continuous_members == "above_mean"
-    assert x.continuous_start == "steps" and x.continuous_start_steps == 0
+    o = x.mode_options
+    assert x.reward_mode == "continuous" and x.enable and o.continuous_members == "above_mean"
+    assert o.continuous_start == "steps" and o.continuous_start_steps == 0
     # the reward model through verl's reward loop, scoring itself (no reward function)
     assert c["reward.reward_model.enable"] is True and c["reward.reward_model.rollout.name"] == "vllm"
     assert c["reward.reward_model.model_path"] == "/dry-run-placeholder/RM_PATH"

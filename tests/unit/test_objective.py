@@ -785,8 +785,8 @@ def test_entropy_can_use_its_own_aggregation():
     total = 2 * (-7 / 8 * _f(1.0)) + 10 * (1 / 8)
     assert m["exgrpo/entropy_loss"] == pytest.approx(2.0)  # token mean of a constant 2
     assert loss.item() == pytest.approx(total / 4 - 0.001 * 2.0, rel=1e-6)
-    with pytest.raises(ValueError, match="exgrpo.loss_scale must be one of"):
-        S(loss_agg_mode="token-sum", loss_scale="per_token")
+    with pytest.raises(ValueError, match="exgrpo.loss_scale must be one of"):  # checked once, with the config
+        LossSettings.from_config(ExGRPOConfig.from_dict({"loss_scale": "per_token"}, k=4))
     with pytest.raises(ValueError, match="needs actor_rollout_ref.actor.loss_scale_factor"):
         mixed_policy_loss(lp, lp, lp, adv, mask, replay, S(loss_scale="per_rank"))
 
@@ -809,18 +809,33 @@ def test_entropy_bonus_uses_the_same_aggregation(mode):
     [
         (dict(loss_agg_mode="seq-mean"), {}, "invalid loss_agg_mode 'seq-mean'"),
         (dict(loss_agg_mode="token-mean", shaping="w/(w+b)"), {}, "unknown shaping"),
-        (dict(loss_agg_mode="token-mean", shaping_beta=0.0), {}, "shaping_beta must be > 0"),
         (dict(loss_agg_mode="token-mean", clip_ratio_c=1.0), {}, "clip_ratio_c"),
         (dict(loss_agg_mode="token-mean", clip_ratio_low=-0.1), {}, "clip_ratio_low"),
         (dict(loss_agg_mode="token-mean", fresh_clip="sometimes"), {}, "exgrpo.fresh_clip"),
         (dict(loss_agg_mode="token-mean", entropy_coeff=0.01), {}, "no entropy tensor"),
-        (dict(loss_agg_mode="token-mean", weight_terms_by_ratio=True), dict(replay_ratio=1.5), "replay_ratio"),
+        (dict(loss_agg_mode="token-mean", weight_terms_by_ratio=True), {}, "needs this step's replay_ratio"),
     ],
 )
 def test_bad_options_raise_clear_errors(settings, call, match):
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=match):
         mixed_policy_loss(lp, lp, lp, lp, torch.ones(2, 3), torch.tensor([True, False]), S(**settings), **call)
+
+
+@pytest.mark.parametrize(
+    ("exgrpo", "match"),
+    [
+        ({"shaping_beta": 0.0}, r"exgrpo\.shaping_beta must be a number in \(0\.0, inf\)"),
+        ({"shaping": "w/(w+b)"}, r"exgrpo\.shaping must be one of \['none', 'policy_shaping'\]"),
+        ({"fresh_clip": "sometimes"}, r"exgrpo\.fresh_clip must be one of"),
+        ({"replay_ratio": 1.5}, r"exgrpo\.replay_ratio must be a number in \[0\.0, 1\.0\)"),
+    ],
+)
+def test_the_losss_exgrpo_values_are_checked_once_with_the_config(exgrpo, match):
+    """The loss trusts its validated config: a bad exgrpo value (or a step's rho out of [0, 1), which the schedule
+    derives from exgrpo.replay_ratio) stops the run at start-up, where the config is validated."""
+    with pytest.raises(ValueError, match=match):
+        LossSettings.from_config(ExGRPOConfig.from_dict(exgrpo, k=4))
 
 
 def test_bad_shapes_name_the_argument():

@@ -1,8 +1,9 @@
-"""The one registry helper: register once, look up with a did-you-mean, tags instead of side tables."""
+"""The one registry helper: register once, look up with a did-you-mean, tags instead of side tables; ``get`` and
+``[]`` mean what they mean for any Mapping."""
 
 import pytest
 
-from exgrpo.registry import Registry
+from exgrpo.registry import Registry, UnknownNameError
 
 
 def test_register_lookup_and_mapping_behaviour():
@@ -17,6 +18,8 @@ def test_register_lookup_and_mapping_behaviour():
         return 2
 
     assert reg.get("normal") is normal and reg["uniform"] is uniform
+    # get is the Mapping's: a default for an unknown name, never an error
+    assert reg.get("nope") is None and reg.get("nope", normal) is normal and reg.get(["not", "a", "name"]) is None
     assert "normal" in reg and sorted(reg) == ["normal", "uniform"] and len(reg) == 2
     assert reg.tag("uniform", "per_question") is True and reg.tag("normal", "per_question") is None
     assert reg.names_with("per_question") == ["uniform"]
@@ -28,20 +31,21 @@ def test_unknown_names_and_duplicates_are_errors():
     reg.register("policy_shaping")(lambda: 0)
     with pytest.raises(
         ValueError,
-        match=r"unknown shaping function 'policy_shapin' \(exgrpo\.shaping\); "
-        r"registered: \['policy_shaping'\]; did you mean 'policy_shaping'\?",
+        match=r"^unknown shaping function 'policy_shapin' \(exgrpo\.shaping\); "
+        r"registered: \['policy_shaping'\]; did you mean 'policy_shaping'\?$",
     ):
-        reg.get("policy_shapin")
+        reg["policy_shapin"]
     with pytest.raises(ValueError, match="unknown shaping function 'zzz'.*registered") as info:
-        reg.get("zzz")
+        reg["zzz"]
     assert "did you mean" not in str(info.value)
     fn = reg["policy_shaping"]
     with pytest.raises(ValueError, match="already registered"):
         reg.register("policy_shaping")(fn)  # even the same object: one name, one registration
     with pytest.raises(ValueError, match="non-empty string"):
         reg.register("")
-    with pytest.raises(KeyError):
-        reg["nope"]  # plain Mapping access keeps dict semantics
+    with pytest.raises(KeyError, match=r"unknown shaping function 'nope'.*registered: \['policy_shaping'\]") as info:
+        reg["nope"]  # a KeyError as for any Mapping, naming what is registered
+    assert isinstance(info.value, UnknownNameError) and "nope" not in reg and reg.get("nope") is None
     with pytest.raises(ValueError, match="unknown"):
         reg.tag("nope", "x")
     reg.unregister("policy_shaping")

@@ -5,37 +5,42 @@ name."""
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from exgrpo.checks import check_float
 from exgrpo.config import ConfigError, ExGRPOConfig
 from exgrpo.experience import GroupMember, PoolCheckpointError
 from exgrpo.experience.manager import ExperienceManager
-from exgrpo.modes import REWARD_MODES, BinaryMode, ModeOption, RewardMode, register_reward_mode
+from exgrpo.modes import REWARD_MODES, BinaryMode, BinaryOptions, ModeOptions, RewardMode, register_reward_mode
+from exgrpo.settings import setting
 
 REPO = Path(__file__).resolve().parents[2]
 K = 4
 MODE = "test_pass_threshold"
 
 
+@dataclass
+class PassThresholdOptions(BinaryOptions):
+    """The binary mode's keys and the pass threshold."""
+
+    pass_threshold: float = setting(
+        1.0, lo=0.0, lo_open=True, hint="reward units", help="the reward a member needs to pass"
+    )
+
+
 class PassThresholdMode(BinaryMode):
     """A member passes when its reward reaches exgrpo.pass_threshold (the binary mode is this mode at 1)."""
 
-    options = {**BinaryMode.options, "pass_threshold": ModeOption(1.0, "the reward a member needs to pass")}
-
-    @classmethod
-    def validate(cls, cfg: Any) -> None:
-        super().validate(cfg)
-        check_float(cfg.pass_threshold, "pass_threshold", lo=0.0, lo_open=True, hint="reward units")
+    options_class = PassThresholdOptions
 
     @classmethod
     def from_config(cls, cfg: Any) -> PassThresholdMode:
         mode = cls()
-        mode.success_reward = float(cfg.pass_threshold)
+        mode.success_reward = float(PassThresholdOptions.of(cfg).pass_threshold)
         return mode
 
     def settings(self) -> dict[str, Any]:
@@ -60,7 +65,8 @@ def test_a_third_mode_runs_through_the_manager_with_its_own_key(threshold_mode, 
     cfg = ExGRPOConfig.from_dict(
         {"reward_mode": MODE, "pass_threshold": 0.5, "delayed_start_threshold": 0.4, "seed": 3}, k=K
     )
-    assert cfg.pass_threshold == 0.5 and cfg.mode is PassThresholdMode
+    assert cfg.mode_options.pass_threshold == 0.5 and cfg.mode is PassThresholdMode
+    assert PassThresholdOptions.of(cfg) is cfg.mode_options and BinaryOptions.of(cfg).delayed_start_threshold == 0.4
     mgr = ExperienceManager(cfg)
     groups = {
         "two": _group([0.6, 0.2, 0.5, 0.1], salt=1),  # 0.6 and 0.5 pass: bucket 2, both stored
@@ -95,24 +101,57 @@ def test_a_modes_key_is_validated_by_it_and_refused_elsewhere(threshold_mode):
     with pytest.raises(ConfigError, match=f"exgrpo.pass_threshold=0.5 applies only with exgrpo.reward_mode={MODE}"):
         ExGRPOConfig.from_dict({"pass_threshold": 0.5}, k=K)
     # a key it shares with the binary mode is valid in both, and still refused by the continuous mode
-    assert ExGRPOConfig.from_dict({"reward_mode": MODE, "delayed_start_threshold": 0.1}, k=K).delayed_start_threshold
+    shared = ExGRPOConfig.from_dict({"reward_mode": MODE, "delayed_start_threshold": 0.1}, k=K)
+    assert shared.mode_options.delayed_start_threshold
     with pytest.raises(ConfigError, match="is the binary pass rate's tau"):
         ExGRPOConfig.from_dict({"reward_mode": "continuous", "delayed_start_threshold": 0.1}, k=K)
     assert "pass_threshold" in ExGRPOConfig.key_names()
-    assert ExGRPOConfig.from_dict(ExGRPOConfig.from_dict({"reward_mode": MODE}, k=K).to_dict()).pass_threshold == 1.0
+    again = ExGRPOConfig.from_dict(ExGRPOConfig.from_dict({"reward_mode": MODE}, k=K).to_dict())
+    assert again.mode_options.pass_threshold == 1.0
 
 
 def test_the_registry_refuses_a_clashing_key_and_a_non_mode():
+    @dataclass
+    class ClashOptions(ModeOptions):
+        delayed_start_threshold: float = setting(0.5, help="the binary mode's key with another default")
+
     class Clash(BinaryMode):
-        options = {"delayed_start_threshold": ModeOption(0.5)}
+        options_class = ClashOptions
 
     with pytest.raises(ValueError, match="delayed_start_threshold has default 0.5, but reward mode 'binary'"):
         register_reward_mode("test_clash")(Clash)
     assert "test_clash" not in REWARD_MODES
+
+    # the same default, declared again: still two declarations of one key
+    @dataclass
+    class TwiceOptions(ModeOptions):
+        delayed_start_threshold: float = setting(0.35, help="the binary mode's key declared a second time")
+
+    class Twice(BinaryMode):
+        options_class = TwiceOptions
+
+    with pytest.raises(ValueError, match="declared differently from reward mode 'binary'.*extend BinaryOptions"):
+        register_reward_mode("test_twice")(Twice)
+    assert "test_twice" not in REWARD_MODES
+    # a mode's keys are a declared dataclass, never a hand-made table
+    with pytest.raises(TypeError, match="declare its keys as a ModeOptions dataclass"):
+
+        class Table(BinaryMode):
+            options = {"pass_threshold": 1.0}
+
+    with pytest.raises(TypeError, match="declare every key with exgrpo.settings.setting"):
+
+        @dataclass
+        class Plain(ModeOptions):
+            pass_threshold: float = 1.0
+
+        class Undeclared(BinaryMode):
+            options_class = Plain
+
     with pytest.raises(TypeError, match="must be a RewardMode subclass"):
         register_reward_mode("test_not_a_mode")(dict)
     with pytest.raises(ValueError, match="unknown reward mode 'binray'.*did you mean 'binary'"):
-        REWARD_MODES.get("binray")
+        REWARD_MODES["binray"]
     assert issubclass(BinaryMode, RewardMode) and set(REWARD_MODES) >= {"binary", "continuous"}
 
 

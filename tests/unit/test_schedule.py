@@ -59,8 +59,9 @@ def test_state_round_trip_and_from_config():
     assert [t.replay_ratio(i) for i in range(5, 10)] == [s.replay_ratio(i) for i in range(5, 10)]
 
 
-def test_invalid_arguments():
-    with pytest.raises(ValueError):
-        ExperienceSchedule(1.0)
-    with pytest.raises(ValueError):
-        ExperienceSchedule(0.5, ramp_steps=-1)
+def test_invalid_values_stop_at_the_config():
+    # the schedule trusts its validated config: what it reads is checked there, once, at start-up
+    with pytest.raises(ValueError, match=r"exgrpo\.replay_ratio must be a number in \[0\.0, 1\.0\), got 1\.0"):
+        ExperienceSchedule.from_config(ExGRPOConfig.from_dict({"replay_ratio": 1.0}, k=8))
+    with pytest.raises(ValueError, match=r"exgrpo\.replay_ratio_ramp_steps must be an integer in \[0, inf\)"):
+        ExperienceSchedule.from_config(ExGRPOConfig.from_dict({"replay_ratio_ramp_steps": -1}, k=8))

@@ -152,8 +152,9 @@ def test_registry_custom_metric_and_errors():
         TRAJECTORY_METRICS.unregister("test_length")
     with pytest.raises(ValueError, match="did you mean 'entropy'"):
         get_trajectory_metric("entropi")
-    with pytest.raises(ValueError, match="mode"):
-        TrajectorySelector("entropy", "argmin")
+    # the selector trusts its validated config: the mode is checked once, with the config
+    with pytest.raises(ValueError, match=r"exgrpo\.trajectory_mode must be one of \['min', 'max'\]"):
+        TrajectorySelector.from_config(ExGRPOConfig.from_dict({"trajectory_mode": "argmin"}, k=4))
 
 
 def test_from_config():
