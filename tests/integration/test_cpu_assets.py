@@ -40,6 +40,7 @@ from recipe.exgrpo.harness.assets import (
     last_boxed,
     manifest_problems,
 )
+from tests.helpers.cpu_runs import compose_ppo_trainer, tiny_asset_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,18 +132,8 @@ def test_ensure_assets_builds_once_and_caches(tmp_path):
     assert other.digest() != spec.digest()
 
 
-def _tiny_spec() -> AssetSpec:
-    tiny = ToyArithmeticConfig(
-        train_per_level=4, val_per_level=2, levels=(Difficulty("tiny", (QuestionFamily("+", 10, 99, 10, 99),)),)
-    )
-    return AssetSpec(
-        warmup=WarmupSpec(steps=6, batch_size=16, warmup_steps=2, questions_per_level=40, eval_samples_per_question=2),
-        data=tiny,
-    )
-
-
 def test_the_manifest_records_every_file_and_the_digest_the_build_environment(tmp_path):
-    spec = _tiny_spec()
+    spec = tiny_asset_spec()
     built = ensure_assets(spec, root=tmp_path)
     report = built.report
     assert report["files"] == file_manifest(built.root) and "assets.json" not in report["files"]
@@ -176,7 +167,7 @@ def test_the_manifest_records_every_file_and_the_digest_the_build_environment(tm
     ["delete the data directory", "change a byte of the weights", "delete the manifest", "truncate the report"],
 )
 def test_a_damaged_asset_directory_is_moved_aside_and_rebuilt(tmp_path, capfd, damage):
-    spec = _tiny_spec()
+    spec = tiny_asset_spec()
     built = ensure_assets(spec, root=tmp_path)
     hashes = built.report["files"]
     if damage == "delete the data directory":
@@ -213,9 +204,9 @@ BUILD_IN_A_PROCESS = """
 import json, sys
 import torch
 torch.set_num_threads(int(sys.argv[2]))
-from tests.integration.test_cpu_assets import _tiny_spec
+from tests.helpers.cpu_runs import tiny_asset_spec
 from recipe.exgrpo.harness.assets import build_assets
-report = build_assets(sys.argv[1], _tiny_spec()).report
+report = build_assets(sys.argv[1], tiny_asset_spec()).report
 print(json.dumps({"files": report["files"], "digest": report["digest"], "threads": torch.get_num_threads()}))
 """
 
@@ -449,16 +440,6 @@ def test_engine_check_names_fsdp1_and_flash_attention():
 
 
 # ------------------------------------------------------------------------------------------------ overrides + checks
-def _compose(overrides: list[str]):
-    import verl.trainer.main_ppo as main_ppo
-    from hydra import compose, initialize_config_dir
-
-    config_dir = str(Path(main_ppo.__file__).parent / "config")
-    task_overrides = [o for o in overrides if not o.lstrip("+").startswith("hydra.")]
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=task_overrides)
-
-
 def _spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
     return CpuRunSpec(
         model_path="/m", train_files="/t.parquet", val_files="/v.parquet", output_dir=str(tmp_path), **kwargs
@@ -467,7 +448,7 @@ def _spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
 
 def test_cpu_overrides_compose_against_verls_config_and_pass_the_check(tmp_path):
     spec = _spec(tmp_path, reward_fn_path="/r.py", ray_temp_dir="/tmp/x", total_training_steps=5, rollout_n=3)
-    cfg = _compose(cpu_overrides(spec))
+    cfg = compose_ppo_trainer(cpu_overrides(spec))
     assert cfg.actor_rollout_ref.rollout.name == "hf" and cfg.actor_rollout_ref.rollout.n == 3
     assert cfg.trainer.use_v1 is False and cfg.trainer.total_training_steps == 5
     assert cfg.reward.custom_reward_function.path == "/r.py"
@@ -489,14 +470,14 @@ def test_cpu_overrides_compose_against_verls_config_and_pass_the_check(tmp_path)
     ],
 )
 def test_config_check_names_the_bad_key_and_the_fix(tmp_path, extra, key):
-    cfg = _compose(cpu_overrides(_spec(tmp_path, extra_overrides=extra)))
+    cfg = compose_ppo_trainer(cpu_overrides(_spec(tmp_path, extra_overrides=extra)))
     problems = cpu_config_problems(cfg, env=cpu_env(base={}))
     assert len(problems) == 1 and key in problems[0], problems
     assert "set" in problems[0].lower()
 
 
 def test_config_check_needs_the_plugin_in_the_environment(tmp_path):
-    cfg = _compose(cpu_overrides(_spec(tmp_path)))
+    cfg = compose_ppo_trainer(cpu_overrides(_spec(tmp_path)))
     problems = cpu_config_problems(cfg, env={})
     assert any("VERL_USE_EXTERNAL_MODULES" in p for p in problems)
 
