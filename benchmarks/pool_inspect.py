@@ -15,7 +15,7 @@ resident set, mapped file pages included):
 next to the ways the same answers are had without the inspector's streaming: ``load_experience`` of the whole pool
 (the trainer's resume path: every token copied into the pool's arrays from a memory map of the file), and the
 interpreter with the inspector's imports (the floor of any command). The token ids are drawn below 256, so that the
-byte-level test tokenizer (tests/tokenizers_for_tests.py, 256 symbols) decodes every one of them.
+byte-level test tokenizer (tests/helpers/tokenizers.py, 256 symbols) decodes every one of them.
 
     python benchmarks/pool_inspect.py                         # full scale (~3 GB RAM to build, ~13 GB of disk)
     python benchmarks/pool_inspect.py --trajectories 20000    # a quick run
@@ -146,7 +146,7 @@ def main() -> None:
     qid = built["show_question"]
     tok = os.path.join(workdir, "tokenizer")
     make_tok = (
-        "import pathlib\nfrom tests.tokenizers_for_tests import build_tiny_tokenizer\n"
+        "import pathlib\nfrom tests.helpers.tokenizers import build_tiny_tokenizer\n"
         f"build_tiny_tokenizer(pathlib.Path({tok!r}))"
     )
     subprocess.run([py, "-c", make_tok], cwd=REPO, check=True)
