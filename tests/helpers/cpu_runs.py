@@ -1,5 +1,5 @@
 """The CPU backend's pieces as the tests build them: an asset spec small enough to build in seconds, and verl's
-trainer config composed from a CPU run's overrides (no Ray, no model)."""
+trainer config composed from a CPU run's overrides (no Ray, no model), the hf rollout server on the tiny model."""
 
 from __future__ import annotations
 
@@ -30,3 +30,24 @@ def compose_ppo_trainer(overrides: list[str]):
     task_overrides = [o for o in overrides if not o.lstrip("+").startswith("hydra.")]
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=task_overrides)
+
+
+def hf_rollout_server(assets, prompt_length: int, response_length: int, **config):
+    """The ``hf`` rollout server on the tiny model of ``assets``, its engine loaded (no Ray); ``config``: more
+    fields of verl's ``RolloutConfig``."""
+    from verl.workers.config import RolloutConfig
+
+    from recipe.exgrpo.cpu.hf_rollout import HFRolloutServer
+
+    rollout = RolloutConfig(
+        name="hf",
+        prompt_length=prompt_length,
+        response_length=response_length,
+        tensor_model_parallel_size=1,
+        dtype="float32",
+        **config,
+    )
+    model_config = {"path": str(assets.model_path), "override_config": {"attn_implementation": "sdpa"}}
+    server = HFRolloutServer(config=rollout, model_config=model_config)
+    server.init_engine()
+    return server
