@@ -20,15 +20,14 @@ samples for a replayed question) goes through the real engine.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, vllm_python  # noqa: E402
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
 
 #: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
@@ -77,14 +76,14 @@ def run_once(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--steps", type=int, default=22, help="training steps per run (the first two not measured)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per arm, alternating the arms")
     parser.add_argument("--out", default=None, help="default outputs/bench_exgrpo_vs_grpo[_vllm]")
     parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf", help="the rollout both arms run on")
     parser.add_argument(
         "--vllm-python",
-        default=str(REPO_ROOT / ".venv-vllm" / "bin" / "python"),
+        default=str(VLLM_PYTHON),
         help="the interpreter of the vLLM CPU stack (--rollout vllm)",
     )
     args = parser.parse_args(argv)
@@ -93,14 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
     install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
 
-    python = None
-    if args.rollout == "vllm":
-        python = args.vllm_python
-        if not Path(python).exists():
-            raise SystemExit(f"no vLLM CPU stack at {python}: run bash scripts/setup_env.sh --vllm")
+    python = vllm_python(args.vllm_python) if args.rollout == "vllm" else None
     assets = ensure_assets(asset_spec(args.rollout))
     suffix = "_vllm" if args.rollout == "vllm" else ""
-    out = Path(args.out or REPO_ROOT / "outputs" / f"bench_exgrpo_vs_grpo{suffix}")
+    out = Path(args.out or REPO / "outputs" / f"bench_exgrpo_vs_grpo{suffix}")
     runs: dict[str, list[dict]] = {"grpo": [], "exgrpo": []}
     for rep in range(args.repeats):
         for name, enable in (("grpo", False), ("exgrpo", True)):

@@ -24,7 +24,6 @@ environments, with uv and with pip, and removes them afterwards. It needs no GPU
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -37,9 +36,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import REPO, argument_parser, comma_list  # noqa: E402
 from recipe.exgrpo.launch_checks.env_check import GPU_LOCK, locked_versions, parse_lock, read_lock  # noqa: E402
 
 PLATFORM = "x86_64-manylinux_2_28"
@@ -183,7 +182,7 @@ def install_runs(pip_version: str, cap_s: float, work: Path, keep: bool) -> list
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser(__doc__)
     p.add_argument("--pip", default="bundled,26.3", help="pip versions, comma-separated ('bundled': the venv's own)")
     p.add_argument(
         "--only", default="pip,uv", help="which resolutions: pip, uv (comma-separated; none: only --install)"
@@ -201,14 +200,14 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, {len(locked)} locked packages for it; logs in {work}", flush=True)
     runs: list[Run] = []
     try:
-        only = set(args.only.split(","))
+        only = set(comma_list(args.only))
         if "uv" in only:
             runs += uv_runs(args.cap_s, work, locked)
         if "pip" in only:
-            for version in args.pip.split(","):
-                runs += pip_runs(version.strip(), args.cap_s, work, locked)
+            for version in comma_list(args.pip):
+                runs += pip_runs(version, args.cap_s, work, locked)
         if args.install:
-            runs += install_runs(args.pip.split(",")[-1].strip(), args.install_cap_s, work, args.keep)
+            runs += install_runs(comma_list(args.pip)[-1], args.install_cap_s, work, args.keep)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

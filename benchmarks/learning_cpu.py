@@ -21,15 +21,12 @@ ExGRPO arm is the demo itself, so its rows also give the demo's seed-to-seed spr
 
 from __future__ import annotations
 
-import argparse
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host  # noqa: E402
 from exgrpo.modes import DEFAULT_REWARD_MODE  # noqa: E402
 from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
@@ -86,21 +83,11 @@ def run_one(arm: str, seed: int, out: Path, assets, fresh: bool, wall_limit_s: f
     return launch_or_reuse(run, assets, f"learning_cpu {arm} seed {seed}", fresh)
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "learning_cpu"))
+    parser = argument_parser(__doc__)
+    add_run_folder(parser, "learning_cpu")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default: 1,2,3)")
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
-    parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
     parser.add_argument(
         "--val-var",
         default=None,
@@ -112,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s (a busy machine needs more)"
     )
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    seeds, arms = comma_list(args.seeds, int), comma_list(args.arms)
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"--arms: unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
@@ -146,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = ", ".join(f"{key}={value}" for key, value in DEMO_SETTINGS.items() if key not in ("test_freq",))
     header = (
         f"ExGRPO vs on-policy GRPO on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
-        f"steps; settings: {settings}; assets {assets.root.name}; commit {_git_commit()}; "
-        f"{platform.node() or 'host'} ({platform.processor() or platform.machine()}, "
-        f"{len(__import__('os').sched_getaffinity(0))} cores)\n\n"
+        f"steps; settings: {settings}; assets {assets.root.name}; commit {git_revision()}; {host()}\n\n"
     )
     header += (
         "arms: "

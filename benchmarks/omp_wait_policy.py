@@ -20,11 +20,15 @@ figure, and more so the default policy's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+
+from benchmarks.common import argument_parser, comma_list, cores  # noqa: E402
 
 WORKLOAD = """
 import sys, time, torch
@@ -56,15 +60,15 @@ def run_set(policy: str | None, procs: int, iters: int, threads: int) -> tuple[f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argument_parser(__doc__)
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--procs", default="1,3", help="comma-separated numbers of processes at once")
     args = ap.parse_args()
-    print(f"cores visible: {len(os.sched_getaffinity(0))}, OMP_NUM_THREADS={args.threads}, iterations {args.iters}")
+    print(f"cores visible: {cores()}, OMP_NUM_THREADS={args.threads}, iterations {args.iters}")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'processes':>9}  {'policy':>8}  {'wall s':>7}  {'slowest s':>9}  result")
-    for procs in (int(p) for p in args.procs.split(",")):
+    for procs in comma_list(args.procs, int):
         results = {}
         for policy in (None, "PASSIVE"):
             wall, slowest, values = run_set(policy, procs, args.iters, args.threads)

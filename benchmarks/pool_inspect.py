@@ -1,10 +1,10 @@
 """The pool inspector (``python -m exgrpo.pool``) on a pool at the paper's scale: wall time and peak RSS per command.
 
-Builds the synthetic pool of ``benchmarks/pool_scale.py`` (202,011 trajectories by default, response lengths
-uniform in 1,000-2,000 tokens, K = 8, collected in steps of 128 groups), saving it as a trainer would at a few
-checkpoints of the build (``run/global_step_N/exgrpo/pool``, the last one the full pool), then runs every inspector
-command as its own process and reports its wall seconds and peak RSS (``os.wait4``: the child's own maximum
-resident set, mapped file pages included):
+Builds the synthetic pool of ``benchmarks/pool_scale.py`` (``Synthetic`` of ``benchmarks/common.py``; 202,011
+trajectories by default, response lengths uniform in 1,000-2,000 tokens, K = 8, collected in steps of 128 groups),
+saving it as a trainer would at a few checkpoints of the build (``run/global_step_N/exgrpo/pool``, the last one the
+full pool), then runs every inspector command as its own process and reports its wall seconds and peak RSS
+(``os.wait4``: the child's own maximum resident set, mapped file pages included):
 
 * ``inspect`` (the table: header + entries, then one streamed pass over the token file for the log-probs),
   ``--no-tokens`` (header + entries only), ``--json``, ``--plot``;
@@ -15,7 +15,7 @@ resident set, mapped file pages included):
 next to the ways the same answers are had without the inspector's streaming: ``load_experience`` of the whole pool
 (the trainer's resume path: every token copied into the pool's arrays from a memory map of the file), and the
 interpreter with the inspector's imports (the floor of any command). The token ids are drawn below 256, so that the
-byte-level test tokenizer (tests/tokenizers_for_tests.py, 256 symbols) decodes every one of them.
+byte-level test tokenizer (tests/helpers/tokenizers.py, 256 symbols) decodes every one of them.
 
     python benchmarks/pool_inspect.py                         # full scale (~3 GB RAM to build, ~13 GB of disk)
     python benchmarks/pool_inspect.py --trajectories 20000    # a quick run
@@ -26,18 +26,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.pool_scale import PAPER_TRAJECTORIES, Synthetic  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPO,
+    SYNTHETIC_POOL_OPTIONS,
+    Synthetic,
+    add_synthetic_pool_arguments,
+    argument_parser,
+    child_arguments,
+    last_json_line,
+    platform_line,
+)
 
 
 def build(args: argparse.Namespace) -> dict:
@@ -51,21 +59,12 @@ def build(args: argparse.Namespace) -> dict:
     pool = ExperiencePool(args.k)
     targets = [round(args.trajectories * (i + 1) / args.checkpoints) for i in range(args.checkpoints)]
     run = os.path.join(args.workdir, "run")
-    q = step = 0
+    step = 0
     saved = []
     t0 = time.perf_counter()
     save_s = 0.0
     for target in targets:
-        while len(pool) < target:
-            groups = []
-            budget = target - len(pool)
-            for _ in range(args.groups_per_step):
-                if budget <= 0:
-                    break
-                n_ok = int(min(syn.rng.integers(1, args.k), budget))
-                groups.append(syn.group(f"openr1-{q:06d}", n_ok))
-                budget -= n_ok
-                q += 1
+        for groups in syn.batches(pool, target, args.groups_per_step):
             step += 1
             pool.collect(step, groups)
         t = time.perf_counter()
@@ -113,15 +112,10 @@ def warm(directory: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--trajectories", type=int, default=PAPER_TRAJECTORIES)
-    ap.add_argument("--mean-len", type=int, default=1500, help="mean response length in tokens")
-    ap.add_argument("--len-spread", type=int, default=500, help="lengths uniform in mean +- spread")
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--groups-per-step", type=int, default=128)
+    ap = argument_parser(__doc__)
+    add_synthetic_pool_arguments(ap)
     ap.add_argument("--checkpoints", type=int, default=4, help="checkpoints saved along the build (--across)")
     ap.add_argument("--no-text", action="store_true", help="skip the export with decoded text (the slowest)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None, help="where the run and outputs go (default: a temp dir, removed)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -133,20 +127,19 @@ def main() -> None:
     os.makedirs(workdir, exist_ok=True)
     py = sys.executable
     child = [py, os.path.abspath(__file__), "--child", "--workdir", workdir]
-    for name in ("trajectories", "mean_len", "len_spread", "k", "groups_per_step", "checkpoints", "seed"):
-        child += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    child += child_arguments(args, (*SYNTHETIC_POOL_OPTIONS, "checkpoints"))
     print(f"[pool_inspect] building {args.trajectories:,} trajectories, {args.checkpoints} checkpoints ...", flush=True)
     proc = subprocess.run(child, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"[pool_inspect] build failed:\n{proc.stderr[-3000:]}")
-    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    built = last_json_line(proc.stdout)
     last = built["checkpoints"][-1]
     pool_dir, run = last["dir"], built["run"]
     ckpt = os.path.dirname(os.path.dirname(pool_dir))  # global_step_N: the inspector finds exgrpo/pool below
     qid = built["show_question"]
     tok = os.path.join(workdir, "tokenizer")
     make_tok = (
-        "import pathlib\nfrom tests.tokenizers_for_tests import build_tiny_tokenizer\n"
+        "import pathlib\nfrom tests.helpers.tokenizers import build_tiny_tokenizer\n"
         f"build_tiny_tokenizer(pathlib.Path({tok!r}))"
     )
     subprocess.run([py, "-c", make_tok], cwd=REPO, check=True)
@@ -188,10 +181,7 @@ def main() -> None:
 
     print()
     print(f"python benchmarks/pool_inspect.py --trajectories {args.trajectories} --checkpoints {args.checkpoints}")
-    print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"numpy {built['numpy']}; files in page cache (each command run once, the first also once before)"
-    )
+    print(f"{platform_line(built['numpy'])}; files in page cache (each command run once, the first also once before)")
     print(
         f"pool: {last['trajectories']:,} trajectories of {built['questions']:,} questions, {last['tokens']:,} tokens, "
         f"{built['file_bytes']:,} bytes on disk; built in {built['build_s']:.1f} s, {args.checkpoints} saves "

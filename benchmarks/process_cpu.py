@@ -23,8 +23,13 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
+
+from benchmarks.common import argument_parser, cores  # noqa: E402
 
 #: (kind, pattern on the command line), first match wins; a Ray worker is classified by its actor's name
 KINDS: tuple[tuple[str, str], ...] = (
@@ -79,7 +84,7 @@ def sample(seen: dict[ProcessKey, dict], before: set[ProcessKey], stop: threadin
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--every", type=float, default=0.5, help="seconds between samples (default 0.5)")
     parser.add_argument("--json", help="also write every process's figures here")
     parser.add_argument("--top", type=int, default=30, help="kinds printed (default 30)")
@@ -109,10 +114,10 @@ def main() -> None:
     for entry in seen.values():
         by_kind[kind_of(entry["cmdline"])].append(entry["cpu_s"])
     total = sum(sum(v) for v in by_kind.values())
-    cores = len(os.sched_getaffinity(0))
+    n_cores = cores()
     print(
-        f"\n{' '.join(command)}: exit {returncode}, wall {wall:.0f} s on {cores} cores; the processes it started used "
-        f"{total:.0f} CPU s ({total / (wall * cores):.0%} of wall x cores), {len(seen)} processes"
+        f"\n{' '.join(command)}: exit {returncode}, wall {wall:.0f} s on {n_cores} cores; the processes it started "
+        f"used {total:.0f} CPU s ({total / (wall * n_cores):.0%} of wall x cores), {len(seen)} processes"
     )
     print(f"{'kind of process':48} {'processes':>9} {'CPU s':>8} {'share':>6} {'CPU s each (median)':>20}")
     for kind, values in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[: args.top]:

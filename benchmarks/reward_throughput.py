@@ -24,7 +24,6 @@ across answers, as across the K rollouts of a question in training).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -33,9 +32,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import REPO, argument_parser, comma_list, cores  # noqa: E402
 from exgrpo.reward import (  # noqa: E402
     GraderPool,
     canonical_answer,
@@ -209,9 +208,9 @@ def many_threads(rows: list[tuple[str, str]], n_rows: int, threads: int, workers
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argument_parser(__doc__)
     p.add_argument("--data", default=str(REPO / "data" / "benchmarks"), help="written by scripts/prepare_data.sh")
-    p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    p.add_argument("--workers", type=int, default=max(1, min(4, cores())))
     p.add_argument("--limit", type=int, default=0, help="first N distinct rows only (0: all)")
     p.add_argument("--only", default="throughput,adversarial,threads", help="sections to run (comma list)")
     p.add_argument(
@@ -222,7 +221,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--thread-workers", type=int, default=2)
     args = p.parse_args()
-    sections = set(args.only.split(","))
+    sections = set(comma_list(args.only))
 
     rows = load_rows(Path(args.data))
     if args.limit:
@@ -231,13 +230,13 @@ def main() -> None:
     wrong = [response(a) for a in wrong_answers(rows)]
     n_mc = sum(is_multiple_choice(ds) for _, ds in rows)
     print(
-        f"reward throughput: {len(rows)} distinct rows ({n_mc} multiple choice), {os.cpu_count()} CPUs, "
+        f"reward throughput: {len(rows)} distinct rows ({n_mc} multiple choice), {cores()} cores, "
         f"load average {os.getloadavg()[0]:.1f}, pool of {args.workers} workers"
     )
 
     if "adversarial" in sections:
         apool = warm_pool(args.workers)
-        adversarial(apool, args.timeout, [int(x) for x in args.boxes.split(",")])
+        adversarial(apool, args.timeout, comma_list(args.boxes, int))
         apool.close()
     if "threads" in sections:
         many_threads(rows, args.thread_rows, args.threads, args.thread_workers, args.timeout)

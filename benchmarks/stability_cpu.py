@@ -35,15 +35,11 @@ are in the table but are not part of the comparison. The figures and their readi
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host  # noqa: E402
 from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
@@ -491,22 +487,9 @@ def assets_digest(out: Path) -> str:
     return "unknown"
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "stability_cpu"))
+    parser = argument_parser(__doc__)
+    add_run_folder(parser, "stability_cpu")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="seeds of the comparison (default: 1..5)")
     parser.add_argument(
         "--ablation-seeds", default=",".join(map(str, ABLATION_SEEDS)), help="seeds of the ablations (default: 1,2,3)"
@@ -514,12 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", default="main,ablations", help="main (GRPO vs ExGRPO per regime), ablations")
     parser.add_argument("--regimes", default=None, help=f"only these regimes, of {', '.join(REGIMES)}")
     parser.add_argument("--arms", default=None, help=f"only these arms, of {', '.join(ARMS)}")
-    parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
     parser.add_argument("--report-only", action="store_true", help="tables and figures from finished runs only")
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in _split(args.seeds)]
-    ablation_seeds = [int(s) for s in _split(args.ablation_seeds)]
-    plan, regimes, arms = _split(args.plan), _split(args.regimes), _split(args.arms)
+    seeds, ablation_seeds = comma_list(args.seeds, int), comma_list(args.ablation_seeds, int)
+    plan, regimes, arms = comma_list(args.plan), comma_list(args.regimes), comma_list(args.arms)
     for name, given, known in (("--plan", plan, ("main", "ablations")), ("--regimes", regimes, REGIMES)):
         if bad := [g for g in given if g not in known]:
             parser.error(f"{name}: unknown {bad}; choose from {sorted(known)}")
@@ -570,8 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GRPO vs ExGRPO in unstable regimes of the CPU toy task: {STEPS} steps, seeds {seeds} (ablations: "
         f"{ablation_seeds} in {ABLATION_REGIME}), validation before training and every {TEST_FREQ} steps (384 "
         f"questions, one sample at T = 1), ExGRPO τ = {DELAYED_START}; the demo's settings otherwise; commit "
-        f"{_git_commit()}; assets {assets_digest(out)}; {platform.node() or 'host'} "
-        f"({len(os.sched_getaffinity(0))} cores)\n\n"
+        f"{git_revision()}; assets {assets_digest(out)}; {host()}\n\n"
         + "".join(f"- regime {name}: {r.why} ({r.settings} {list(r.overrides)})\n" for name, r in REGIMES.items())
         + "".join(f"- arm {name}: exgrpo.enable={e} {list(o)}\n" for name, (e, o) in ARMS.items())
         + f"\ncollapsed = final validation accuracy < {COLLAPSE_FRACTION} x start; mean ± sample std over seeds\n\n"

@@ -26,18 +26,14 @@ benchmark resumes where it stopped. The figures and the machine they came from a
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host  # noqa: E402
 from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse, tool_run  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
@@ -193,21 +189,11 @@ def plot(curves: dict[str, list[tuple[int, RunCurve]]], path: Path, title: str) 
     return save_figure(fig, path)
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "tool_learning_cpu"))
+    parser = argument_parser(__doc__)
+    add_run_folder(parser, "tool_learning_cpu")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default: 1,2,3)")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default {STEPS})")
-    parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
     parser.add_argument("--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s")
     parser.add_argument(
         "--call-share",
@@ -216,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "lower one makes successful calls rare at the start (its own model, built once)",
     )
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = comma_list(args.seeds, int)
     if len(seeds) < 2:
         parser.error("--seeds: the comparison needs at least two seeds")
     out = Path(args.out)
@@ -243,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"ExGRPO vs on-policy GRPO on the CPU calculator task: {args.steps} steps, seeds {seeds}, validation every "
         f"{TEST_FREQ} steps (384 questions, one sample each at T = 1); the demo's settings ({settings}) with --tools; "
-        f"assets {assets.root.name} (warm-up call share {call_share:g}); commit {_git_commit()}; "
-        f"{platform.node() or 'host'} "
-        f"({platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores)\n\n"
+        f"assets {assets.root.name} (warm-up call share {call_share:g}); commit {git_revision()}; {host()}\n\n"
     )
     summaries = summarize_arms({arm: [c for _, c in runs] for arm, runs in curves.items()}, TARGET_ACCURACY)
     text = (

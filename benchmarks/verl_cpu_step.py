@@ -33,9 +33,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
+from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, comma_list, cores, vllm_python  # noqa: E402
 from recipe.exgrpo.cpu import CPU_ROLLOUTS  # noqa: E402
 from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides  # noqa: E402
 from recipe.exgrpo.harness.assets import asset_spec, ensure_assets  # noqa: E402
@@ -59,7 +59,7 @@ def _first_line_time(path: Path, stop: threading.Event, seen: dict) -> None:
 
 def bench(rollout: str, python: str, micro: int, threads: int | None, copy: int, args: argparse.Namespace) -> dict:
     assets = ensure_assets(asset_spec(rollout))
-    reward = REPO_ROOT / "tests" / "e2e" / "toy_reward.py"
+    reward = REPO / "tests" / "e2e" / "toy_reward.py"
     with (
         tempfile.TemporaryDirectory(prefix="exg-bench-") as tmp,
         tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as ray_tmp,
@@ -92,7 +92,7 @@ def bench(rollout: str, python: str, micro: int, threads: int | None, copy: int,
                 env=env,
                 timeout_s=args.timeout + 30,
                 log_path=out / "run.log",
-                cwd=REPO_ROOT,
+                cwd=REPO,
             )
         finally:
             stop.set()
@@ -141,7 +141,7 @@ def _mean_of(copies: list[dict]) -> dict:
 
 def main() -> None:
     install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument(
         "--rollouts", default=",".join(CPU_ROLLOUTS), help=f"comma-separated: {', '.join(CPU_ROLLOUTS)}"
     )
@@ -154,21 +154,18 @@ def main() -> None:
     parser.add_argument("--threads", default="", help="comma-separated thread counts per process (default: all cores)")
     parser.add_argument("--concurrent", type=int, default=1, help="copies of each variant run at once (default 1)")
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--vllm-python", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--vllm-python", default=str(VLLM_PYTHON))
     parser.add_argument("--keep", help="keep the run directories under this folder instead of temp dirs")
     args = parser.parse_args()
-    rollouts = [r.strip() for r in args.rollouts.split(",") if r.strip()]
-    micros = [int(m) for m in args.micro.split(",") if m.strip()]
+    rollouts, micros = comma_list(args.rollouts), comma_list(args.micro, int)
     if not micros or min(micros) < 1:
         parser.error(f"--micro needs positive sizes, got {args.micro!r}")
-    threads = [int(t) for t in args.threads.split(",") if t.strip()] or [None]
+    threads = comma_list(args.threads, int) or [None]
     if any(t is not None and t < 1 for t in threads) or args.concurrent < 1:
         parser.error(f"--threads and --concurrent need positive numbers, got {args.threads!r}, {args.concurrent}")
     reports = []
     for rollout in rollouts:
-        python = args.vllm_python if rollout == "vllm" else sys.executable
-        if rollout == "vllm" and not Path(python).exists():
-            raise SystemExit(f"no vLLM CPU stack at {python}: run bash scripts/setup_env.sh --vllm")
+        python = vllm_python(args.vllm_python) if rollout == "vllm" else sys.executable
         for micro in micros:
             for n_threads in threads:
                 with ThreadPoolExecutor(args.concurrent) as pool:
@@ -180,7 +177,7 @@ def main() -> None:
                 reports.append(_mean_of(copies))
     print(
         f"\nverl main_ppo GRPO on CPU (legacy trainer, tiny model, {args.batch} prompts x {args.n} responses, "
-        f"{args.steps} steps, {len(os.sched_getaffinity(0))} cores):"
+        f"{args.steps} steps, {cores()} cores):"
     )
     header = (
         f"{'rollout':8} {'micro':>5} {'threads':>7} {'copies':>6} {'start-up s':>10} {'step 1 s':>9} "

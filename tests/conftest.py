@@ -32,6 +32,15 @@ def repo_root() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def cpu_assets():
+    """The tiny warmed-up model and the toy parquet files of the CPU runs (``recipe.exgrpo.harness.assets``: built
+    once, then read from <repo>/.cache)."""
+    from recipe.exgrpo.harness.assets import ensure_assets  # (torch: only for the tests that use it)
+
+    return ensure_assets()
+
+
+@pytest.fixture(scope="session")
 def shared_benchmarks() -> pathlib.Path:
     """The real evaluation parquets in ../shared/data/benchmarks; skips when absent (a user's clone)."""
     if not (SHARED_BENCHMARKS / "test_id.parquet").exists():

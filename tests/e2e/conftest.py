@@ -19,12 +19,6 @@ TOY_REWARD = E2E_DIR / "toy_reward.py"
 
 
 @pytest.fixture(scope="session")
-def cpu_assets() -> Assets:
-    """The tiny warmed-up model and the toy parquet files (built once, then read from <repo>/.cache)."""
-    return ensure_assets()
-
-
-@pytest.fixture(scope="session")
 def toy_reward_path() -> Path:
     return TOY_REWARD
 

@@ -39,36 +39,25 @@ def _build_trainer(cfg: Any) -> Any:
 
 def run_probe(out_dir: Path, counts: list[int], wall_limit_s: float) -> dict[str, Any]:
     import ray
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
     from verl import DataProto
-    from verl.trainer import main_ppo
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    from recipe.exgrpo.cpu.run_config import (
-        CpuRunSpec,
-        cpu_overrides,
-        start_wall_clock_watchdog,
-        validate_cpu_run_config,
-    )
+    from recipe.exgrpo.cpu.run_config import cpu_overrides, start_wall_clock_watchdog, validate_cpu_run_config
     from recipe.exgrpo.harness.assets import ensure_assets
+    from tests.e2e.helpers import cpu_run_spec
+    from tests.helpers.cpu_runs import compose_ppo_trainer
 
     start_wall_clock_watchdog(wall_limit_s)
-    assets = ensure_assets()
-    reward = Path(__file__).resolve().parent / "toy_reward.py"
-    spec = CpuRunSpec(
-        model_path=str(assets.model_path),
-        train_files=str(assets.train_file),
-        val_files=str(assets.val_file),
-        output_dir=str(out_dir),
-        reward_fn_path=str(reward),
+    spec = cpu_run_spec(
+        ensure_assets(),
+        out_dir,
+        reward_fn_path=str(Path(__file__).resolve().parent / "toy_reward.py"),
         train_batch_size=len(counts),
         rollout_n=1,
         ray_temp_dir=os.environ.get("EXGRPO_RAY_TEMP_DIR"),
     )
-    overrides = [o for o in cpu_overrides(spec) if not o.lstrip("+").startswith("hydra.")]
-    with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    cfg = compose_ppo_trainer(cpu_overrides(spec))
     validate_cpu_run_config(cfg)
     ray_init = OmegaConf.to_container(cfg.ray_kwargs.ray_init)
     ray_init["runtime_env"] = OmegaConf.to_container(

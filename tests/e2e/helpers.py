@@ -4,7 +4,6 @@ processes of a run after it was killed."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -14,10 +13,7 @@ import psutil
 from recipe.exgrpo.cpu.run_config import CpuRunSpec
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch
 from recipe.exgrpo.harness.procs import RunResult
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+from tests.helpers.jsonl import read_jsonl
 
 
 def read_trace(run_dir: Path) -> list[dict]:
@@ -89,6 +85,27 @@ def assert_same_metrics(rows_a: list[dict], rows_b: list[dict], steps: list[int]
         exact = [k for k in keys if k.startswith(("val-core/", "exgrpo/pool/", "exgrpo/batch_pass_rate"))]
         for key in exact:  # what the samples decide is the same, not only close
             assert a[key] == b[key], (step, key, a[key], b[key])
+
+
+#: rollout and actor compute the same log-probs when the rollout serves the updated weights (~1e-6 in float32);
+#: one step at the learnability checks' learning rate moves them by ~1e-2
+MAX_ROLLOUT_ACTOR_GAP = 1e-3
+
+
+def assert_learned(steps: list[dict], metric: str, end_at_least: float, gain_at_least: float) -> None:
+    """A run learned: ``metric`` (one value per step) rose from step 1 to the mean of the last three steps by at
+    least ``gain_at_least``, to at least ``end_at_least``; every step's rollout served the updated weights (its
+    log-probs agree with the actor's within :data:`MAX_ROLLOUT_ACTOR_GAP`) and had a gradient."""
+    values = [m[metric] for m in steps]
+    start, end = values[0], sum(values[-3:]) / 3
+    curve = " ".join(f"{v:.2f}" for v in values)
+    assert end >= end_at_least and end - start >= gain_at_least, (
+        f"{metric} did not rise: step 1 {start:.3f}, last three steps {end:.3f} "
+        f"(need >= {end_at_least} and >= +{gain_at_least}); per step: {curve}"
+    )
+    gaps = [m["exgrpo/rollout_actor_log_prob_diff_mean"] for m in steps]
+    assert max(gaps) < MAX_ROLLOUT_ACTOR_GAP, f"rollout and actor log-probs disagree (stale weights?): {gaps}"
+    assert all(m["actor/grad_norm"] > 0 for m in steps), [m["actor/grad_norm"] for m in steps]
 
 
 def cpu_run_spec(assets, output_dir: Path, **kw) -> CpuRunSpec:

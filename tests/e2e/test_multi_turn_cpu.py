@@ -25,7 +25,8 @@ import pytest
 
 from exgrpo.config import ExGRPOConfig
 from exgrpo.experience.manager import ExperienceManager
-from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, read_metrics
+from tests.e2e.helpers import launch_ok, read_trace
 from tests.e2e.tool_assets import TOOL_REWARD, build_tool_assets, multi_turn_overrides
 
 pytestmark = [pytest.mark.slow]
@@ -54,15 +55,8 @@ def _run(tmp: Path, name: str, assets, ray_temp_dir: str, **kw) -> tuple[Path, l
         extra_overrides=multi_turn_overrides(),
         **kw,
     )
-    result = launch(run, assets, echo=False)
-    assert not result.timed_out, f"run {name} hit its wall-clock limit\n{result.log_tail()}"
-    assert result.returncode == 0, f"run {name} failed\n{result.log_tail()}"
+    launch_ok(run, assets, name)
     return out, read_metrics(out)
-
-
-def _trace(out: Path) -> list[dict]:
-    path = out / "checkpoints" / "exgrpo_trace.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _steps(metrics: list[dict]) -> list[dict]:
@@ -87,7 +81,7 @@ def check_multi_turn_run(out: Path, metrics: list[dict]) -> None:
     assert max(m["exgrpo/pool/tool_tokens"] for m in steps) > 0, "the pool holds no tool tokens"
     assert sum(m["exgrpo/collect/rejected_truncated"] for m in steps) > 0, "no unanswered tool call was refused"
     assert all(m["exgrpo/collect/rejected_inconsistent"] == 0 for m in steps)
-    trace = {r["step"]: r for r in _trace(out) if r["event"] == "step"}
+    trace = {r["step"]: r for r in read_trace(out) if r["event"] == "step"}
     replayed = 0
     for m in steps:
         step = int(m["step"])
@@ -146,13 +140,13 @@ def test_a_resume_restores_the_masks_and_replays_what_the_uninterrupted_run_repl
         resume_mode="resume_path",
         resume_from_path=str(saved),
     )
-    (resume,) = [r for r in _trace(out_r) if r["event"] == "resume"]
+    (resume,) = [r for r in read_trace(out_r) if r["event"] == "resume"]
     reference, trainer_state = _manager(saved)
     assert reference.pool.table.total_masked > 0  # the checkpoint holds masked tokens
     assert resume["global_steps"] == 2 and resume["state_digest"] == reference.state_digest()
     assert resume["leftover_rows"] == trainer_state["leftover_rows"]
-    step3_u = next(r for r in _trace(out_u) if r["event"] == "step" and r["step"] == 3)
-    step3_r = next(r for r in _trace(out_r) if r["event"] == "step" and r["step"] == 3)
+    step3_u = next(r for r in read_trace(out_u) if r["event"] == "step" and r["step"] == 3)
+    step3_r = next(r for r in read_trace(out_r) if r["event"] == "step" and r["step"] == 3)
     for key in ("replay_question_ids", "fresh_rows", "selected_entry_ids", "replayed_members"):
         assert step3_r[key] == step3_u[key], key
     assert step3_r["replayed_members"], "the resumed step replayed nothing"

@@ -18,7 +18,8 @@ import pytest
 
 from recipe.exgrpo.cpu.hf_rollout import DUMP_FILE
 from recipe.exgrpo.cpu.run_config import cpu_env, cpu_overrides
-from tests.e2e.helpers import cpu_run_spec, ray_started, read_jsonl, wait_none_left
+from tests.e2e.helpers import cpu_run_spec, ray_started, wait_none_left
+from tests.helpers.jsonl import read_jsonl
 
 STEPS = 3
 RUN_TIMEOUT_S = 720

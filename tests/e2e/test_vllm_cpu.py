@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
-from tests.e2e.helpers import assert_ran, assert_resume_repeats_the_next_draw, read_jsonl, read_trace
+from tests.e2e.helpers import assert_ran, assert_resume_repeats_the_next_draw, read_trace
+from tests.helpers.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.slow]
 

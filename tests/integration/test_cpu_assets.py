@@ -40,20 +40,16 @@ from recipe.exgrpo.harness.assets import (
     last_boxed,
     manifest_problems,
 )
+from tests.helpers.cpu_runs import compose_ppo_trainer, hf_rollout_server, tiny_asset_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def assets() -> Assets:
-    return ensure_assets()
-
-
 # ------------------------------------------------------------------------------------------------ tokenizer / model
-def test_tokenizer_is_byte_level_with_chat_specials(assets):
+def test_tokenizer_is_byte_level_with_chat_specials(cpu_assets):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(assets.model_path)
+    tok = AutoTokenizer.from_pretrained(cpu_assets.model_path)
     text = "What is 23 + 58?\nÅ \\boxed{81}"
     ids = tok.encode(text, add_special_tokens=False)
     assert ids == list(text.encode("utf-8"))  # id == byte value, no merges
@@ -66,31 +62,31 @@ def test_tokenizer_is_byte_level_with_chat_specials(assets):
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_tokenizer_passes_verls_qwen_checks(assets):
+def test_tokenizer_passes_verls_qwen_checks(cpu_assets):
     from verl.utils import hf_tokenizer
     from verl.utils.tokenizer.continuous_token import QwenContinuousTokenBuilder
 
-    tok = hf_tokenizer(str(assets.model_path))
+    tok = hf_tokenizer(str(cpu_assets.model_path))
     QwenContinuousTokenBuilder(tok)  # raises "Expected Qwen newline to tokenize to one token" on a bad tokenizer
 
 
-def test_model_is_tiny_qwen2_with_sdpa(assets):
+def test_model_is_tiny_qwen2_with_sdpa(cpu_assets):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(assets.model_path)
+    config = AutoConfig.from_pretrained(cpu_assets.model_path)
     assert config.model_type == "qwen2"
     assert config.vocab_size == len(build_tokenizer())
-    model = AutoModelForCausalLM.from_pretrained(assets.model_path, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(cpu_assets.model_path, attn_implementation="sdpa")
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
     assert verl_compat.attn_implementation(model.config) == "sdpa"
 
 
-def test_warmup_leaves_a_spread_of_difficulties(assets):
+def test_warmup_leaves_a_spread_of_difficulties(cpu_assets):
     """After the warm-up the levels are ordered for the model and questions are partially solved (what ExGRPO's
     buckets feed on), measured on every validation question, K samples each at temperature 1, with the recipe's
     think-gated reward; the arithmetic alone (any last boxed answer) is better, since about half the answers
     leave the think block open (the headroom RL trains away, docs/learning.md)."""
-    report = assets.report
+    report = cpu_assets.report
     levels = report["per_level"]
     assert list(levels) == ["easy", "medium", "hard"], levels
     rates = [levels[lv]["pass_rate"] for lv in levels]
@@ -131,18 +127,8 @@ def test_ensure_assets_builds_once_and_caches(tmp_path):
     assert other.digest() != spec.digest()
 
 
-def _tiny_spec() -> AssetSpec:
-    tiny = ToyArithmeticConfig(
-        train_per_level=4, val_per_level=2, levels=(Difficulty("tiny", (QuestionFamily("+", 10, 99, 10, 99),)),)
-    )
-    return AssetSpec(
-        warmup=WarmupSpec(steps=6, batch_size=16, warmup_steps=2, questions_per_level=40, eval_samples_per_question=2),
-        data=tiny,
-    )
-
-
 def test_the_manifest_records_every_file_and_the_digest_the_build_environment(tmp_path):
-    spec = _tiny_spec()
+    spec = tiny_asset_spec()
     built = ensure_assets(spec, root=tmp_path)
     report = built.report
     assert report["files"] == file_manifest(built.root) and "assets.json" not in report["files"]
@@ -176,7 +162,7 @@ def test_the_manifest_records_every_file_and_the_digest_the_build_environment(tm
     ["delete the data directory", "change a byte of the weights", "delete the manifest", "truncate the report"],
 )
 def test_a_damaged_asset_directory_is_moved_aside_and_rebuilt(tmp_path, capfd, damage):
-    spec = _tiny_spec()
+    spec = tiny_asset_spec()
     built = ensure_assets(spec, root=tmp_path)
     hashes = built.report["files"]
     if damage == "delete the data directory":
@@ -213,9 +199,9 @@ BUILD_IN_A_PROCESS = """
 import json, sys
 import torch
 torch.set_num_threads(int(sys.argv[2]))
-from tests.integration.test_cpu_assets import _tiny_spec
+from tests.helpers.cpu_runs import tiny_asset_spec
 from recipe.exgrpo.harness.assets import build_assets
-report = build_assets(sys.argv[1], _tiny_spec()).report
+report = build_assets(sys.argv[1], tiny_asset_spec()).report
 print(json.dumps({"files": report["files"], "digest": report["digest"], "threads": torch.get_num_threads()}))
 """
 
@@ -246,24 +232,14 @@ def test_last_boxed():
 
 
 # ------------------------------------------------------------------------------------------------ hf rollout server
-def _server(assets: Assets, response_length: int = 12):
-    from verl.workers.config import RolloutConfig
-
-    from recipe.exgrpo.cpu.hf_rollout import HFRolloutServer
-
-    config = RolloutConfig(
-        name="hf", prompt_length=96, response_length=response_length, tensor_model_parallel_size=1, dtype="float32"
-    )
-    model_config = {"path": str(assets.model_path), "override_config": {"attn_implementation": "sdpa"}}
-    server = HFRolloutServer(config=config, model_config=model_config)
-    server.init_engine()
-    return server
+def _server(cpu_assets: Assets, response_length: int = 12):
+    return hf_rollout_server(cpu_assets, prompt_length=96, response_length=response_length)
 
 
-def _prompt_ids(assets: Assets, question: str) -> list[int]:
+def _prompt_ids(cpu_assets: Assets, question: str) -> list[int]:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(assets.model_path)
+    tok = AutoTokenizer.from_pretrained(cpu_assets.model_path)
     text = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
 
@@ -277,11 +253,11 @@ def _teacher_forced_log_probs(model, prompt: list[int], response: list[int], tem
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["global generator", "seeded"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_rollout_log_probs_match_a_teacher_forced_forward(assets, temperature, seeded):
+def test_rollout_log_probs_match_a_teacher_forced_forward(cpu_assets, temperature, seeded):
     from recipe.exgrpo.cpu.hf_rollout import SamplingKey
 
-    server = _server(assets)
-    prompts = [_prompt_ids(assets, q) for q in ("What is 3 + 4?", "What is 12 + 30? Be brief.")]  # unequal lengths
+    server = _server(cpu_assets)
+    prompts = [_prompt_ids(cpu_assets, q) for q in ("What is 3 + 4?", "What is 12 + 30? Be brief.")]  # unequal lengths
     key = SamplingKey(temperature=temperature, top_p=1.0, top_k=0, max_tokens=12, logprobs=True)
     outputs = server.generate_batch(prompts, key, [3, 4] if seeded else None)
     for prompt, out in zip(prompts, outputs, strict=True):
@@ -292,11 +268,11 @@ def test_rollout_log_probs_match_a_teacher_forced_forward(assets, temperature, s
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(assets):
+def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(cpu_assets):
     from recipe.exgrpo.cpu.hf_rollout import SamplingKey
 
-    server = _server(assets, response_length=16)
-    a, b = _prompt_ids(assets, "What is 37 + 45?"), _prompt_ids(assets, "What is 120 + 345? Think first.")
+    server = _server(cpu_assets, response_length=16)
+    a, b = _prompt_ids(cpu_assets, "What is 37 + 45?"), _prompt_ids(cpu_assets, "What is 120 + 345? Think first.")
     key = SamplingKey(temperature=1.0, top_p=1.0, top_k=0, max_tokens=16, logprobs=True)
     alone = server.generate_batch([a], key, [11])[0]
     crowded = server.generate_batch([b, a, b, b], key, [5, 11, 6, 7])
@@ -317,12 +293,12 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(as
     torch.testing.assert_close(torch.tensor(alone.log_probs), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_seeded_sampling_applies_top_k_and_top_p(assets):
+def test_seeded_sampling_applies_top_k_and_top_p(cpu_assets):
     """top-k 1 (and a tiny top-p) leave one token: the seeded draw is then the greedy one; a wide top-k is not."""
     from recipe.exgrpo.cpu.hf_rollout import SamplingKey
 
-    server = _server(assets, response_length=10)
-    prompt = _prompt_ids(assets, "What is 48 + 27?")
+    server = _server(cpu_assets, response_length=10)
+    prompt = _prompt_ids(cpu_assets, "What is 48 + 27?")
     greedy = server.generate_batch([prompt], SamplingKey(0.0, 1.0, 0, 10, True))[0].token_ids
     for key in (SamplingKey(0.7, 1.0, 1, 10, True), SamplingKey(1.3, 1e-6, 0, 10, True)):
         outs = server.generate_batch([prompt] * 4, key, [1, 2, 3, 4])
@@ -331,10 +307,10 @@ def test_seeded_sampling_applies_top_k_and_top_p(assets):
     assert len({tuple(o.token_ids) for o in wide}) > 1
 
 
-def test_request_seeds_count_repeats_of_a_prompt_and_restart_each_step(assets):
+def test_request_seeds_count_repeats_of_a_prompt_and_restart_each_step(cpu_assets):
     from recipe.exgrpo.cpu.hf_rollout import SamplingKey
 
-    server = _server(assets)
+    server = _server(cpu_assets)
     key = SamplingKey(temperature=1.0, top_p=1.0, top_k=0, max_tokens=8, logprobs=True)
     other_key = SamplingKey(temperature=0.6, top_p=1.0, top_k=0, max_tokens=8, logprobs=True)
     a, b = [1, 2, 3], [1, 2, 4]
@@ -365,11 +341,11 @@ def test_the_gumbel_sampler_draws_from_the_softmax():
     torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)  # about 5 standard errors
 
 
-def test_greedy_generation_is_the_argmax(assets):
+def test_greedy_generation_is_the_argmax(cpu_assets):
     from recipe.exgrpo.cpu.hf_rollout import SamplingKey
 
-    server = _server(assets)
-    prompt = _prompt_ids(assets, "What is 20 + 22? Put the final answer in \\boxed{}.")
+    server = _server(cpu_assets)
+    prompt = _prompt_ids(cpu_assets, "What is 20 + 22? Put the final answer in \\boxed{}.")
     out = server.generate_batch([prompt], SamplingKey(0.0, 1.0, 0, 8, True))[0]
     ids = list(prompt)
     with torch.no_grad():
@@ -378,8 +354,8 @@ def test_greedy_generation_is_the_argmax(assets):
             ids.append(token)
 
 
-def test_sampling_params_follow_verls_vllm_defaults(assets):
-    server = _server(assets, response_length=12)
+def test_sampling_params_follow_verls_vllm_defaults(cpu_assets):
+    server = _server(cpu_assets, response_length=12)
     key = server.sampling_key(prompt_len=40, sampling_params={"temperature": 1.0, "top_p": 1, "top_k": -1})
     assert key.max_tokens == 12 and key.top_k == 0 and key.logprobs is False
     assert server.sampling_key(40, {"max_tokens": 5, "logprobs": True}).max_tokens == 5
@@ -387,12 +363,12 @@ def test_sampling_params_follow_verls_vllm_defaults(assets):
         server.sampling_key(prompt_len=500, sampling_params={})
 
 
-def test_concurrent_requests_are_batched_and_answered(assets, tmp_path, monkeypatch):
+def test_concurrent_requests_are_batched_and_answered(cpu_assets, tmp_path, monkeypatch):
     from recipe.exgrpo.cpu.hf_rollout import DUMP_FILE
 
     monkeypatch.setenv("EXGRPO_CPU_ROLLOUT_DUMP", str(tmp_path))
-    server = _server(assets)
-    prompt = _prompt_ids(assets, "What is 1 + 1?")
+    server = _server(cpu_assets)
+    prompt = _prompt_ids(cpu_assets, "What is 1 + 1?")
 
     async def many():
         params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
@@ -405,9 +381,9 @@ def test_concurrent_requests_are_batched_and_answered(assets, tmp_path, monkeypa
     assert sum(batches) == 6 and max(batches) > 1
 
 
-def test_weight_update_changes_the_served_model_and_rejects_bad_weights(assets):
-    server = _server(assets)
-    prompt = _prompt_ids(assets, "What is 5 + 5?")
+def test_weight_update_changes_the_served_model_and_rejects_bad_weights(cpu_assets):
+    server = _server(cpu_assets)
+    prompt = _prompt_ids(cpu_assets, "What is 5 + 5?")
     response = [92, 98, 111, 120]  # "\box"
     before = _teacher_forced_log_probs(server.model, prompt, response, 1.0)
     state = {k: v.clone() for k, v in server.model.state_dict().items()}
@@ -449,16 +425,6 @@ def test_engine_check_names_fsdp1_and_flash_attention():
 
 
 # ------------------------------------------------------------------------------------------------ overrides + checks
-def _compose(overrides: list[str]):
-    import verl.trainer.main_ppo as main_ppo
-    from hydra import compose, initialize_config_dir
-
-    config_dir = str(Path(main_ppo.__file__).parent / "config")
-    task_overrides = [o for o in overrides if not o.lstrip("+").startswith("hydra.")]
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=task_overrides)
-
-
 def _spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
     return CpuRunSpec(
         model_path="/m", train_files="/t.parquet", val_files="/v.parquet", output_dir=str(tmp_path), **kwargs
@@ -467,7 +433,7 @@ def _spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
 
 def test_cpu_overrides_compose_against_verls_config_and_pass_the_check(tmp_path):
     spec = _spec(tmp_path, reward_fn_path="/r.py", ray_temp_dir="/tmp/x", total_training_steps=5, rollout_n=3)
-    cfg = _compose(cpu_overrides(spec))
+    cfg = compose_ppo_trainer(cpu_overrides(spec))
     assert cfg.actor_rollout_ref.rollout.name == "hf" and cfg.actor_rollout_ref.rollout.n == 3
     assert cfg.trainer.use_v1 is False and cfg.trainer.total_training_steps == 5
     assert cfg.reward.custom_reward_function.path == "/r.py"
@@ -489,14 +455,14 @@ def test_cpu_overrides_compose_against_verls_config_and_pass_the_check(tmp_path)
     ],
 )
 def test_config_check_names_the_bad_key_and_the_fix(tmp_path, extra, key):
-    cfg = _compose(cpu_overrides(_spec(tmp_path, extra_overrides=extra)))
+    cfg = compose_ppo_trainer(cpu_overrides(_spec(tmp_path, extra_overrides=extra)))
     problems = cpu_config_problems(cfg, env=cpu_env(base={}))
     assert len(problems) == 1 and key in problems[0], problems
     assert "set" in problems[0].lower()
 
 
 def test_config_check_needs_the_plugin_in_the_environment(tmp_path):
-    cfg = _compose(cpu_overrides(_spec(tmp_path)))
+    cfg = compose_ppo_trainer(cpu_overrides(_spec(tmp_path)))
     problems = cpu_config_problems(cfg, env={})
     assert any("VERL_USE_EXTERNAL_MODULES" in p for p in problems)
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.launch_scripts import eval_data, launch_blocks, script_env
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PYTHONS = ("python", "python3", ".venv/bin/python", ".venv-vllm/bin/python")
@@ -179,12 +181,6 @@ COMMANDS = documented_commands()
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def _script_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    from tests.integration.test_launch_scripts_dry_run import script_env
-
-    return script_env(tmp_path, **extra)
-
-
 @functools.cache
 def _help(argv: tuple[str, ...]) -> str:
     proc = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -296,7 +292,7 @@ def check_bash(cmd: Command, tmp_path: Path) -> None:
     if script in NOT_RUN_SCRIPTS:  # not run (NOT_RUN_SCRIPTS says why): its syntax only
         assert subprocess.run(["bash", "-n", script], cwd=REPO, timeout=30).returncode == 0, script
         return
-    env = _script_env(tmp_path, **cmd.env)
+    env = script_env(tmp_path, **cmd.env)
     env.pop("VERL_PLATFORM", None)
     if script == "scripts/lock_gpu.sh":  # it asks the package index: its syntax only
         assert subprocess.run(["bash", "-n", script], cwd=REPO, timeout=30).returncode == 0
@@ -317,11 +313,7 @@ def check_bash(cmd: Command, tmp_path: Path) -> None:
         return
     env["DRY_RUN"] = "print"
     if script.startswith("scripts/eval/"):
-        data = tmp_path / "data"
-        data.mkdir(exist_ok=True)
-        for name in ("test_id", "arc_c", "gpqa_diamond", "mmlu_pro"):
-            (data / f"{name}.parquet").touch()
-        env.setdefault("DATA_DIR", str(data))
+        env.setdefault("DATA_DIR", str(eval_data(tmp_path / "data")))
     proc = subprocess.run(["bash", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     if script in ("scripts/eval/eval_id.sh", "scripts/eval/eval_ood.sh"):
@@ -330,17 +322,7 @@ def check_bash(cmd: Command, tmp_path: Path) -> None:
         check_python_module("exgrpo.eval", printed[3:])
         return
     if script.startswith(("scripts/train/", "scripts/reproduce/")) and not script.endswith("common.sh"):
-        from tests.integration.test_launch_scripts_dry_run import PRINT_BEGIN, PRINT_END
-
-        launches, current = [], None
-        for line in proc.stdout.splitlines():
-            if line == PRINT_BEGIN:
-                current = []
-            elif line == PRINT_END:
-                launches.append(current)
-                current = None
-            elif current is not None:
-                current.append(line)
+        launches = launch_blocks(proc.stdout, script)
         trains = "train" in env.get("STAGES", "train").split(",")
         assert launches or not trains, f"{script} printed no launch"
         for overrides in launches:

@@ -13,22 +13,18 @@ import pytest
 
 from recipe.exgrpo.launch_checks.dry_run import DryRunError, dry_run
 from recipe.exgrpo.launch_checks.dry_run import main as dry_run_main
-from tests.integration.test_launch_scripts_dry_run import (
+from tests.helpers.launch_scripts import (
     TRAIN_DIR,
-    _prompt_file,
     printed_launches,
+    prompt_file,
     run_script,
     script_env,
 )
 
+pytestmark = pytest.mark.usefixtures("gpu_dry_run_env")
+
 QWEN = TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh"
 LLAMA = TRAIN_DIR / "exgrpo_llama3.1_8b.sh"
-
-
-@pytest.fixture(autouse=True)
-def _no_cpu_platform(monkeypatch):
-    monkeypatch.delenv("VERL_PLATFORM", raising=False)
-    monkeypatch.delenv("CHECK_CONTEXT", raising=False)
 
 
 def _model(tmp_path: Path, positions: int | None) -> Path:
@@ -73,7 +69,7 @@ def test_paths_missing_here_are_listed_as_not_checked(tmp_path):
     )
     # every path given: they must exist, as in the launch's pre-flight
     model = _model(tmp_path, 16384)
-    val = _prompt_file(tmp_path / "val.parquet", [{"role": "user", "content": "Q"}])
+    val = prompt_file(tmp_path / "val.parquet", [{"role": "user", "content": "Q"}])
     (overrides,) = printed_launches(QWEN, MODEL_PATH=str(model), TRAIN_FILE="/no/such.parquet", VAL_FILE=str(val))
     with pytest.raises(DryRunError) as err:
         dry_run(overrides, check_files=True)
@@ -81,7 +77,7 @@ def test_paths_missing_here_are_listed_as_not_checked(tmp_path):
 
 
 def test_chat_rows_for_the_llama_base_script_fail_without_the_other_paths(tmp_path):
-    chat = _prompt_file(
+    chat = prompt_file(
         tmp_path / "chat.parquet", [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
     )
     (overrides,) = printed_launches(LLAMA, TRAIN_FILE=str(chat))  # MODEL_PATH and VAL_FILE unset

@@ -14,32 +14,15 @@ import pytest
 
 pytest.importorskip("verl")
 
-from verl.workers.config import RolloutConfig  # noqa: E402
-
 from recipe.exgrpo.cpu.hf_rollout import HFRolloutServer, RolloutAsleepError  # noqa: E402
-from recipe.exgrpo.harness.assets import Assets, ensure_assets  # noqa: E402
+from recipe.exgrpo.harness.assets import Assets  # noqa: E402
+from tests.helpers.cpu_runs import hf_rollout_server  # noqa: E402
 
 PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
 
-@pytest.fixture(scope="module")
-def assets() -> Assets:
-    return ensure_assets()
-
-
-def _server(assets: Assets, free_cache_engine: bool = True) -> HFRolloutServer:
-    config = RolloutConfig(
-        name="hf",
-        prompt_length=64,
-        response_length=4,
-        tensor_model_parallel_size=1,
-        dtype="float32",
-        free_cache_engine=free_cache_engine,
-    )
-    model_config = {"path": str(assets.model_path), "override_config": {"attn_implementation": "sdpa"}}
-    server = HFRolloutServer(config=config, model_config=model_config)
-    server.init_engine()
-    return server
+def _server(cpu_assets: Assets, free_cache_engine: bool = True) -> HFRolloutServer:
+    return hf_rollout_server(cpu_assets, prompt_length=64, response_length=4, free_cache_engine=free_cache_engine)
 
 
 def _sample(server: HFRolloutServer, n: int = 2):
@@ -56,8 +39,8 @@ def _weights(server: HFRolloutServer) -> dict:
     return {k: v.clone() for k, v in server.model.state_dict().items()}
 
 
-def test_a_step_that_asks_for_samples_after_the_rollout_sleeps_fails(assets):
-    server = _server(assets)
+def test_a_step_that_asks_for_samples_after_the_rollout_sleeps_fails(cpu_assets):
+    server = _server(cpu_assets)
     assert len(_sample(server)) == 2  # a launched engine is awake
     asyncio.run(server.sleep())  # sleep_replicas() after the step's generation: the actor owns the device now
     assert not server.awake
@@ -67,8 +50,8 @@ def test_a_step_that_asks_for_samples_after_the_rollout_sleeps_fails(assets):
         server.generate_batch([[10, 40]], server.sampling_key(2, dict(PARAMS)))  # the batcher's own path too
 
 
-def test_verls_wake_sequence_is_the_only_way_back(assets):
-    server = _server(assets)
+def test_verls_wake_sequence_is_the_only_way_back(cpu_assets):
+    server = _server(cpu_assets)
     asyncio.run(server.sleep())  # init_workers ends with sleep_replicas()
     with pytest.raises(RolloutAsleepError, match=r"sent weights while asleep \(weights released\)"):
         server.update_weights(_weights(server), global_steps=0)  # weights must be resumed before they are loaded
@@ -87,8 +70,8 @@ def test_verls_wake_sequence_is_the_only_way_back(assets):
         asyncio.run(server.wake_up(tags=["weight"]))
 
 
-def test_the_weight_sync_path_releases_and_resumes_the_kv_cache(assets):
-    server = _server(assets)
+def test_the_weight_sync_path_releases_and_resumes_the_kv_cache(cpu_assets):
+    server = _server(cpu_assets)
     asyncio.run(server.release_kv_cache())
     with pytest.raises(RolloutAsleepError, match=r"\(kv_cache released\)"):
         _sample(server)
@@ -97,9 +80,9 @@ def test_the_weight_sync_path_releases_and_resumes_the_kv_cache(assets):
     assert len(_sample(server)) == 2
 
 
-def test_without_free_cache_engine_sleep_keeps_the_engine_awake(assets):
+def test_without_free_cache_engine_sleep_keeps_the_engine_awake(cpu_assets):
     """verl's vLLM server ignores sleep when actor_rollout_ref.rollout.free_cache_engine=false, and so does the
     checkpoint manager's wake-up: the replica stays awake for the whole run."""
-    server = _server(assets, free_cache_engine=False)
+    server = _server(cpu_assets, free_cache_engine=False)
     asyncio.run(server.sleep())
     assert server.awake and len(_sample(server)) == 2

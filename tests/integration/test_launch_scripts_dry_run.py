@@ -9,11 +9,9 @@ recipe.exgrpo.launch_checks.dry_run) end to end. Nothing starts Ray, loads a mod
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +20,23 @@ from omegaconf import OmegaConf
 
 from recipe.exgrpo.launch_checks.dry_run import DryRunError, DryRunReport, dry_run
 from recipe.exgrpo.launch_checks.dry_run import main as dry_run_main
+from tests.helpers.launch_scripts import (
+    REPO,
+    TRAIN_DIR,
+    clear_dry_run_env,
+    differing_paths,
+    eval_data,
+    printed_launches,
+    prompt_file,
+    run_script,
+    script_env,
+    script_id,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN_DIR = REPO / "scripts" / "train"
 ABLATION_DIR = TRAIN_DIR / "ablations"
 REPRODUCE_DIR = REPO / "scripts" / "reproduce"
-PRINT_BEGIN = "# >>> python -m recipe.exgrpo.main_exgrpo"
-PRINT_END = "# <<<"
+
+pytestmark = pytest.mark.usefixtures("gpu_dry_run_env")
 
 BACKBONES = (
     "qwen2.5_math_7b",
@@ -54,78 +62,11 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "mu_0.25": {"mu": 0.25},
     "readd_retired": {"readd_retired_fraction": 0.1},
 }
-#: Environment a user may have set; removed so every run starts from the scripts' own defaults.
-CLEARED_ENV = (
-    "MODEL_PATH",
-    "TRAIN_FILE",
-    "VAL_FILE",
-    "CKPT_DIR",
-    "PROJECT_NAME",
-    "EXPERIMENT_NAME",
-    "N_GPUS_PER_NODE",
-    "NNODES",
-    "ROLLOUT_TP",
-    "RAY_ADDRESS",
-    "DRY_RUN",
-    "DRY_RUN_QUIET",
-    "DRY_RUN_ALLOW_NEW_KEYS",
-    "PREFLIGHT",
-    "STAGES",
-    "OUT_DIR",
-    "LUFFY_MODEL_PATH",
-    "VERL_PLATFORM",
-    "CKPT_KEEP",
-    "CHECK_CONTEXT",
-    "DATA_DIR",
-    "ALLOW_PARTIAL_EVAL",
-    "PROMPT_STYLE",
-    "EVAL_N_GPUS",
-    "EVAL_TP",
-    "EVAL_GRADING",
-    "EVAL_CHECK_ONLY",
-)
 
 
 def all_scripts() -> list[Path]:
     train = [p for p in sorted(TRAIN_DIR.glob("*.sh")) if p.name != "common.sh"]
     return train + sorted(ABLATION_DIR.glob("*.sh")) + sorted(REPRODUCE_DIR.glob("*.sh"))
-
-
-def script_id(path: Path) -> str:
-    return str(path.relative_to(REPO / "scripts"))
-
-
-def script_env(tmp_path: Path | None = None, **extra: str) -> dict[str, str]:
-    # (the TIR scripts pass every EXGRPO_SANDBOX_* variable set on to the workers)
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV and not k.startswith("EXGRPO_SANDBOX_")}
-    env["PYTHON"] = sys.executable
-    if tmp_path is not None:
-        env["CKPT_DIR"] = str(tmp_path / "ckpt")
-    env.update(extra)
-    return env
-
-
-def run_script(script: Path, *args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(script), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def printed_launches(script: Path, *args: str, **env: str) -> list[list[str]]:
-    """The override lists a script would launch with (``DRY_RUN=print``), one per training launch."""
-    proc = run_script(script, *args, env=script_env(DRY_RUN="print", **env), timeout=60)
-    assert proc.returncode == 0, f"{script_id(script)} failed in DRY_RUN=print mode:\n{proc.stderr}"
-    launches, current = [], None
-    for line in proc.stdout.splitlines():
-        if line == PRINT_BEGIN:
-            current = []
-        elif line == PRINT_END:
-            launches.append(current)
-            current = None
-        elif current is not None:
-            current.append(line)
-    assert current is None, f"{script_id(script)}: unterminated launch block"
-    return launches
 
 
 _COMPOSED: dict[tuple[str, ...], DryRunReport] = {}
@@ -140,43 +81,6 @@ def compose(overrides: list[str]) -> DryRunReport:
     return _COMPOSED[key]
 
 
-def flat(report: DryRunReport) -> dict[str, Any]:
-    """Leaf path -> value of the resolved config."""
-    out: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}.{k}" if prefix else str(k))
-        else:
-            out[prefix] = node
-
-    walk(OmegaConf.to_container(report.config, resolve=True), "")
-    return out
-
-
-def differing_paths(a: DryRunReport, b: DryRunReport) -> set[str]:
-    """Leaf paths whose values differ, ignoring the run's name and directory (and what interpolates them)."""
-    fa, fb = flat(a), flat(b)
-    names = {
-        str(a.config.trainer.experiment_name),
-        str(b.config.trainer.experiment_name),
-        str(a.config.trainer.default_local_dir),
-        str(b.config.trainer.default_local_dir),
-    }
-    return {
-        k
-        for k in set(fa) | set(fb)
-        if fa.get(k) != fb.get(k) and not (str(fa.get(k)) in names and str(fb.get(k)) in names)
-    }
-
-
-@pytest.fixture(autouse=True)
-def _no_cpu_platform(monkeypatch):
-    # The CPU backend's checks (VERL_PLATFORM=cpu) reject the GPU settings these scripts are for.
-    monkeypatch.delenv("VERL_PLATFORM", raising=False)
-
-
 @pytest.fixture(scope="module")
 def launches() -> dict[str, list[list[str]]]:
     return {script_id(p): printed_launches(p) for p in all_scripts()}
@@ -187,7 +91,7 @@ def reports(launches) -> dict[str, DryRunReport]:
     """The composed and validated config of every single-launch script (the train scripts)."""
     out = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("VERL_PLATFORM", raising=False)
+        clear_dry_run_env(mp)
         for name, runs in launches.items():
             if len(runs) == 1:
                 out[name] = compose(runs[0])
@@ -599,23 +503,14 @@ def test_the_llama_base_run_defaults_to_its_own_data_files(tmp_path):
     assert "data/openr1/train_llama_base.parquet" in proc.stderr and "PROMPT_STYLE=llama_base" in proc.stderr
 
 
-def _prompt_file(path: Path, messages: list[dict]) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    row = {"data_source": "x", "prompt": messages, "reward_model": {"ground_truth": "1", "style": "rule"}}
-    pq.write_table(pa.Table.from_pylist([row]), path)
-    return path
-
-
 def test_the_preflight_refuses_data_of_the_other_prompt_style(tmp_path):
     from exgrpo.prompts import llama_base_prompt
 
     model = tmp_path / "model"
     model.mkdir()
     chat_messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
-    chat = _prompt_file(tmp_path / "chat.parquet", chat_messages)
-    base = _prompt_file(tmp_path / "base.parquet", [{"role": "user", "content": llama_base_prompt("Q")}])
+    chat = prompt_file(tmp_path / "chat.parquet", chat_messages)
+    base = prompt_file(tmp_path / "base.parquet", [{"role": "user", "content": llama_base_prompt("Q")}])
     llama, qwen = TRAIN_DIR / "exgrpo_llama3.1_8b.sh", TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh"
     (overrides,) = printed_launches(llama, MODEL_PATH=str(model), TRAIN_FILE=str(chat), VAL_FILE=str(base))
     with pytest.raises(DryRunError) as err:
@@ -665,13 +560,6 @@ def test_the_default_data_paths_are_the_ones_prepare_data_writes(tmp_path):
     assert "--output-dir data/valid_llama_base" in base.stderr
 
 
-def _eval_data(directory: Path, ood: tuple[str, ...] = ("arc_c", "gpqa_diamond", "mmlu_pro")) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in ("test_id", *ood):
-        (directory / f"{name}.parquet").touch()
-    return directory
-
-
 def test_a_reproduction_checks_the_evaluation_data_before_training(tmp_path):
     shim, log = _recording_python(tmp_path)
     model = tmp_path / "model"
@@ -684,14 +572,14 @@ def test_a_reproduction_checks_the_evaluation_data_before_training(tmp_path):
     assert "test_id.parquet not found" in proc.stderr and "prepare_data.sh" in proc.stderr
     assert not log.exists()  # nothing was launched
 
-    env["DATA_DIR"] = str(_eval_data(tmp_path / "partial", ood=("arc_c", "gpqa_diamond")))
+    env["DATA_DIR"] = str(eval_data(tmp_path / "partial", ood=("arc_c", "gpqa_diamond")))
     proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env=env)
     assert proc.returncode == 2 and "mmlu_pro.parquet not found" in proc.stderr and not log.exists()
     proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env={**env, "ALLOW_PARTIAL_EVAL": "1"})
     assert "evaluation data is missing" not in proc.stderr and log.exists()  # training started
 
     log.unlink()
-    env["DATA_DIR"] = str(_eval_data(tmp_path / "full"))
+    env["DATA_DIR"] = str(eval_data(tmp_path / "full"))
     proc = run_script(REPRODUCE_DIR / "reproduce_1.5b.sh", env=env)
     assert "evaluation data is missing" not in proc.stderr
     calls = [line.split("\0")[:-1] for line in log.read_text(encoding="utf-8").splitlines()]
@@ -703,7 +591,7 @@ def test_eval_scripts_refuse_a_checkpoint_folder_without_weights(tmp_path):
     hf = tmp_path / "global_step_700" / "actor" / "huggingface"
     hf.mkdir(parents=True)
     (hf / "config.json").write_text("{}")
-    env = script_env(tmp_path, MODEL_PATH=str(hf), DATA_DIR=str(_eval_data(tmp_path / "d")))
+    env = script_env(tmp_path, MODEL_PATH=str(hf), DATA_DIR=str(eval_data(tmp_path / "d")))
     proc = run_script(REPO / "scripts" / "eval" / "eval_id.sh", env=env)
     assert proc.returncode == 2 and "holds no weights" in proc.stderr
     assert "python -m verl.model_merger merge --backend fsdp" in proc.stderr
@@ -862,7 +750,7 @@ def test_the_tir_dry_run_with_every_path_loads_the_tool(tmp_path):
 
 def test_the_tir_preflight_refuses_data_whose_rows_reach_no_tool(tmp_path):
     model, train, val = _tir_files(tmp_path)
-    chat = _prompt_file(
+    chat = prompt_file(
         tmp_path / "chat.parquet", [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
     )
     extra = _tool_override(tmp_path)

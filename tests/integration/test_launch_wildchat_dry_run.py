@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from recipe.exgrpo.launch_checks.dry_run import NODE_GPUS_ENV, DryRunError, dry_run
-from tests.integration.test_launch_scripts_dry_run import (
+from tests.helpers.launch_scripts import (
     TRAIN_DIR,
     differing_paths,
     flat,
@@ -16,14 +16,10 @@ from tests.integration.test_launch_scripts_dry_run import (
     script_env,
 )
 
+pytestmark = pytest.mark.usefixtures("gpu_dry_run_env")
+
 EXGRPO = TRAIN_DIR / "exgrpo_qwen2.5_7b_base_wildchat_if.sh"
 ONPOLICY = TRAIN_DIR / "onpolicy_qwen2.5_7b_base_wildchat_if.sh"
-
-
-@pytest.fixture(autouse=True)
-def _gpu_run(monkeypatch):
-    monkeypatch.delenv("VERL_PLATFORM", raising=False)
-    monkeypatch.delenv(NODE_GPUS_ENV, raising=False)
 
 
 def _launch(script=EXGRPO, *args: str, **env: str) -> list[str]:

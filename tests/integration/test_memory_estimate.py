@@ -21,6 +21,9 @@ from recipe.exgrpo.launch_checks.memory_estimate import (
     known_model_params,
     parse_count,
 )
+from tests.helpers.launch_scripts import TRAIN_DIR, printed_launches
+
+pytestmark = pytest.mark.usefixtures("gpu_dry_run_env")
 
 REPO = Path(__file__).resolve().parents[2]
 #: Qwen2.5-Math-7B's config.json (the architecture keys): 7,615,616,512 parameters as published
@@ -154,17 +157,8 @@ BACKBONE_PARAMS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_cpu_platform(monkeypatch):
-    monkeypatch.delenv("VERL_PLATFORM", raising=False)
-    for name in ("GPU_MEMORY_GIB", "MODEL_PARAMS"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.mark.parametrize("backbone", sorted(BACKBONE_PARAMS))
 def test_every_launch_scripts_default_fits_an_80_gb_card(backbone):
-    from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, printed_launches
-
     name = BACKBONE_PARAMS[backbone]
     (overrides,) = printed_launches(TRAIN_DIR / f"exgrpo_{backbone}.sh", MODEL_PATH=f"/models/{name}")
     report = dry_run(overrides)
@@ -177,8 +171,6 @@ def test_every_launch_scripts_default_fits_an_80_gb_card(backbone):
 
 def test_the_dry_run_prints_the_warning_and_still_passes(capsys, tmp_path):
     model = _write_model(tmp_path, **QWEN_7B)
-    from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, printed_launches
-
     (overrides,) = printed_launches(TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh", MODEL_PATH=str(model))
     assert dry_run_main(["--quiet", "--", *overrides, f"{UTILIZATION_KEY}=0.8"]) == 0  # a warning, not an error
     err = capsys.readouterr().err

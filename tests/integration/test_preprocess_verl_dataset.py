@@ -12,7 +12,7 @@ import pytest
 
 from data_preprocess import benchmarks, openr1_math
 from data_preprocess.common import LUFFY_SYSTEM_PROMPT, load_tokenizer, prompt_token_lengths, question_id
-from tests.tokenizers_for_tests import build_tiny_tokenizer
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 EXPECTED_COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from recipe.exgrpo.harness import demo
-from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, run_script, script_env
+from tests.helpers.launch_scripts import TRAIN_DIR, run_script, script_env
 
 COMMON = TRAIN_DIR / "common.sh"
 

@@ -102,7 +102,7 @@ def test_every_bad_key_is_named():
 def test_start_up_and_the_dry_run_refuse_a_bad_deadline():
     from recipe.exgrpo.config_bridge import StartupConfigError, check_startup_config
     from recipe.exgrpo.launch_checks.dry_run import DryRunError, compose_config, dry_run
-    from tests.integration.test_launch_scripts_dry_run import TRAIN_DIR, printed_launches
+    from tests.helpers.launch_scripts import TRAIN_DIR, printed_launches
 
     base = ["actor_rollout_ref.model.path=/m", "data.train_files=/t", "data.val_files=/v"]
     config = compose_config(base + ["stage_deadlines.update_s=0"])

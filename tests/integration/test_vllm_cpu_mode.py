@@ -21,6 +21,7 @@ from recipe.exgrpo.cpu.weight_sync import (
     WeightSyncError,
     weight_sync_timeout_s,
 )
+from tests.helpers.cpu_runs import compose_ppo_trainer
 
 
 # ------------------------------------------------------------------------------------------------ the stack
@@ -185,15 +186,6 @@ def test_sync_timeout_setting(raw, ok):
 
 
 # ------------------------------------------------------------------------------------------------ config
-def _compose(overrides: list[str]):
-    import verl.trainer.main_ppo as main_ppo
-    from hydra import compose, initialize_config_dir
-
-    config_dir = str(Path(main_ppo.__file__).parent / "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[o for o in overrides if "hydra." not in o])
-
-
 def _vllm_spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
     return CpuRunSpec(
         model_path="/m", train_files="/t", val_files="/v", output_dir=str(tmp_path), rollout="vllm", **kwargs
@@ -201,7 +193,7 @@ def _vllm_spec(tmp_path: Path, **kwargs) -> CpuRunSpec:
 
 
 def test_vllm_overrides_compose_and_pass_the_check_when_the_stack_is_ready(tmp_path, monkeypatch):
-    cfg = _compose(cpu_overrides(_vllm_spec(tmp_path)))
+    cfg = compose_ppo_trainer(cpu_overrides(_vllm_spec(tmp_path)))
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.name == "vllm" and rollout.enable_sleep_mode is False and rollout.enforce_eager is True
     assert rollout.calculate_log_probs is True and rollout.dtype == "float32"
@@ -211,7 +203,7 @@ def test_vllm_overrides_compose_and_pass_the_check_when_the_stack_is_ready(tmp_p
 
 def test_vllm_without_the_stack_names_the_set_up_command(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_stack, "installed_version", lambda: None)
-    cfg = _compose(cpu_overrides(_vllm_spec(tmp_path)))
+    cfg = compose_ppo_trainer(cpu_overrides(_vllm_spec(tmp_path)))
     problems = cpu_config_problems(cfg, env=cpu_env(base={}))
     assert len(problems) == 1 and vllm_stack.SETUP_COMMAND in problems[0], problems
 
@@ -219,7 +211,7 @@ def test_vllm_without_the_stack_names_the_set_up_command(tmp_path, monkeypatch):
 def test_vllm_with_sleep_mode_is_refused_with_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_stack, "stack_problems", lambda: [])
     spec = _vllm_spec(tmp_path, extra_overrides=["++actor_rollout_ref.rollout.enable_sleep_mode=True"])
-    problems = cpu_config_problems(_compose(cpu_overrides(spec)), env=cpu_env(base={}))
+    problems = cpu_config_problems(compose_ppo_trainer(cpu_overrides(spec)), env=cpu_env(base={}))
     assert len(problems) == 1 and "enable_sleep_mode=False" in problems[0], problems
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from exgrpo.config import ConfigError, ExGRPOConfig
@@ -13,7 +12,6 @@ from exgrpo.experience import (
     BucketSampler,
     ExperiencePool,
     Group,
-    GroupMember,
     PoolCheckpointError,
     TrajectorySelector,
     load_experience,
@@ -29,21 +27,13 @@ from exgrpo.modes.continuous import (
     spread_bucket,
 )
 from exgrpo.schedule import ExperienceSchedule
+from tests.helpers.experience import group
 
 K = 4
 
 
 def cont_cfg(**kw) -> ExGRPOConfig:
     return ExGRPOConfig.from_dict({"reward_mode": "continuous", **kw}, k=K)
-
-
-def g(qid, rewards, replayed=(), salt=0) -> Group:
-    """A group whose member i has reward ``rewards[i]`` and distinct tokens [salt, i, 7]."""
-    members = []
-    for i, r in enumerate(rewards):
-        ids = np.asarray([salt, i, 7], dtype=np.int64)
-        members.append(GroupMember(ids, np.full(3, -0.5, dtype=np.float32), float(r), i in replayed))
-    return Group(qid, members)
 
 
 # The hand-computed example used below (K = 4, population standard deviations):
@@ -80,7 +70,7 @@ def test_spread_bucket_rounds_half_up_and_clips_to_the_sampled_buckets():
 
 def test_plan_groups_on_hand_computed_rewards():
     rules = ContinuousRules(epsilon=1 / K)
-    plans = plan_groups([g("A", A), g("B", B), g("C", C), g("D", D)], rules, K)
+    plans = plan_groups([group("A", A), group("B", B), group("C", C), group("D", D)], rules, K)
     a, b, c, d = plans
     assert [p.sigma for p in plans] == pytest.approx([math.sqrt(3 / 16), math.sqrt(0.005), 0.0, math.sqrt(0.03125)])
     assert (a.sigma_tilde, b.sigma_tilde, d.sigma_tilde) == pytest.approx((1.0, 0.25, 0.40825), abs=1e-5)
@@ -89,31 +79,31 @@ def test_plan_groups_on_hand_computed_rewards():
     # above_mean: strictly above the group's mean
     assert (a.members, b.members, c.members, d.members) == ((1, 2, 3), (1,), (), (1,))
     # without C, σ_min is B's σ: B σ̃ = ε = 0.25 (bucket 1), D (0.17678 − 0.07071)/(0.43301 − 0.07071) = 0.29276
-    a, b, d = plan_groups([g("A", A), g("B", B), g("D", D)], rules, K)
+    a, b, d = plan_groups([group("A", A), group("B", B), group("D", D)], rules, K)
     assert (b.sigma_tilde, d.sigma_tilde) == pytest.approx((0.25, 0.29276), abs=1e-5) and (b.bucket, d.bucket) == (1, 1)
 
 
 def test_the_replayed_member_counts_in_sigma_unless_switched_off_and_is_never_stored():
     rules = ContinuousRules(epsilon=1 / K)
-    group_a = g("A", A, replayed=(1,))
-    counted = plan_groups([group_a, g("D", D)], rules, K)[0]
+    group_a = group("A", A, replayed=(1,))
+    counted = plan_groups([group_a, group("D", D)], rules, K)[0]
     assert counted.sigma == pytest.approx(math.sqrt(3 / 16)) and counted.members == (2, 3)
     # count_replayed_in_k=false: the fresh members [0, 1, 1] alone: mean 2/3, σ = sqrt(2/9)
-    fresh_only = plan_groups([group_a, g("D", D)], rules, K, count_replayed=False)[0]
+    fresh_only = plan_groups([group_a, group("D", D)], rules, K, count_replayed=False)[0]
     assert fresh_only.mean == pytest.approx(2 / 3) and fresh_only.sigma == pytest.approx(math.sqrt(2 / 9))
     assert fresh_only.members == (2, 3)
 
 
 def test_member_rules_top_1_and_above_threshold():
-    top = plan_groups([g("D", D), g("A", A)], ContinuousRules(epsilon=0.25, members="top_1"), K)
+    top = plan_groups([group("D", D), group("A", A)], ContinuousRules(epsilon=0.25, members="top_1"), K)
     assert top[0].members == (1,) and top[1].members == (1,)  # a tie goes to the first best member
     # the best fresh member below the mean (the replayed one is the best) stores nothing
-    best_replayed = g("E", [2, 0, 0.9, 0], replayed=(0,))  # mean 0.725: the best fresh member, 0.9, is above it
-    assert plan_groups([best_replayed, g("A", A)], ContinuousRules(0.25, members="top_1"), K)[0].members == (2,)
-    only_replayed_high = g("F", [2, 0, 0, 0], replayed=(0,))  # mean 0.5: no fresh member above it
-    assert plan_groups([only_replayed_high, g("A", A)], ContinuousRules(0.25, members="top_1"), K)[0].members == ()
+    best_replayed = group("E", [2, 0, 0.9, 0], replayed=(0,))  # mean 0.725: the best fresh member, 0.9, is above it
+    assert plan_groups([best_replayed, group("A", A)], ContinuousRules(0.25, members="top_1"), K)[0].members == (2,)
+    only_replayed_high = group("F", [2, 0, 0, 0], replayed=(0,))  # mean 0.5: no fresh member above it
+    assert plan_groups([only_replayed_high, group("A", A)], ContinuousRules(0.25, members="top_1"), K)[0].members == ()
     thr = ContinuousRules(epsilon=0.25, members="above_threshold", member_threshold=0.5)
-    assert [p.members for p in plan_groups([g("A", A), g("D", D)], thr, K)] == [(1, 2, 3), (1,)]
+    assert [p.members for p in plan_groups([group("A", A), group("D", D)], thr, K)] == [(1, 2, 3), (1,)]
     # what the rules need is checked once, with the config (ContinuousRules.from_config trusts it)
     with pytest.raises(ValueError, match="exgrpo.continuous_members=above_threshold needs exgrpo.member_threshold"):
         cont_cfg(continuous_members="above_threshold")
@@ -124,7 +114,7 @@ def test_member_rules_top_1_and_above_threshold():
 def test_collection_buckets_members_and_flat_groups(tmp_path):
     pool = ExperiencePool.from_config(cont_cfg())
     assert pool.reward_mode == "continuous"
-    stats = pool.collect(1, [g("A", A), g("B", B), g("C", C), g("D", D)])
+    stats = pool.collect(1, [group("A", A), group("B", B), group("C", C), group("D", D)])
     assert (pool.bucket_of("A"), pool.bucket_of("B"), pool.bucket_of("C"), pool.bucket_of("D")) == (3, 1, None, 2)
     assert (pool.num_entries("A"), pool.num_entries("B"), pool.num_entries("D")) == (3, 1, 1)
     # the float reward is stored with the trajectory (float32, as the entry table keeps it)
@@ -134,7 +124,7 @@ def test_collection_buckets_members_and_flat_groups(tmp_path):
     assert metrics["c/group_std_max"] == pytest.approx(math.sqrt(3 / 16))
     assert "success_counts" not in stats.mode_stats and stats.mode_stats["spread_buckets"] == [3, 1, 2]
     # A flat later (everyone scored 0.9): zero_success=bucket0 keeps its trajectories in the never-sampled bucket 0
-    pool.collect(2, [g("A", [0.9] * 4, salt=1), g("B", B, salt=1)])
+    pool.collect(2, [group("A", [0.9] * 4, salt=1), group("B", B, salt=1)])
     assert pool.bucket_of("A") == 0 and pool.num_entries("A") == 3 and not pool.is_retired("A")
     # B alone in its call: every group has the same σ, so σ̃ = 1 (equal_spread=max) and B moves to bucket 3
     assert pool.bucket_of("B") == 3 and pool.num_entries("B") == 2
@@ -144,12 +134,14 @@ def test_collection_buckets_members_and_flat_groups(tmp_path):
 
 def test_retirement_of_flat_groups_only_with_a_threshold():
     never = ExperiencePool.from_config(cont_cfg())
-    never.collect(1, [g("A", A), g("S", [1.0] * 4)])
+    never.collect(1, [group("A", A), group("S", [1.0] * 4)])
     assert not never.is_retired("S")  # retire_mean_reward null (the default): a flat group never retires
     pool = ExperiencePool.from_config(cont_cfg(retire_mean_reward=1.0, flat_std=0.01))
     # S: σ 0 and mean 1.0 >= 1.0: retired. N: [1, 1, 0.99, 1] has σ = 0.00433 <= flat_std (flat) but its mean
     # 0.9975 < 1.0: not retired, it follows zero_success. L: flat at 0.3.
-    stats = pool.collect(1, [g("A", A), g("S", [1.0] * 4), g("N", [1.0, 1.0, 0.99, 1.0]), g("L", [0.3] * 4)])
+    stats = pool.collect(
+        1, [group("A", A), group("S", [1.0] * 4), group("N", [1.0, 1.0, 0.99, 1.0]), group("L", [0.3] * 4)]
+    )
     assert pool.is_retired("S") and stats.retired == 1
     assert not pool.is_retired("N") and not pool.is_retired("L") and stats.mode_stats["flat_groups"] == 2
     assert pool.bucket_of("A") == 3 and pool.num_entries("N") == 0
@@ -157,23 +149,23 @@ def test_retirement_of_flat_groups_only_with_a_threshold():
 
 def test_collection_bounds_apply_to_the_spread_bucket():
     pool = ExperiencePool.from_config(cont_cfg(bucket_lbound=1))
-    stats = pool.collect(1, [g("A", A), g("B", B), g("C", C), g("D", D)])
+    stats = pool.collect(1, [group("A", A), group("B", B), group("C", C), group("D", D)])
     assert pool.bucket_of("B") is None and stats.out_of_range == 1 and pool.bucket_of("D") == 2
 
 
 def test_malformed_group_stops_the_call_before_anything_changes():
     pool = ExperiencePool.from_config(cont_cfg())
     with pytest.raises(ValueError, match="expected K=4"):
-        pool.collect(1, [g("A", A), Group("X", g("B", B).members[:3])])
+        pool.collect(1, [group("A", A), Group("X", group("B", B).members[:3])])
     assert len(pool) == 0 and pool.counters["collect_calls"] == 0
     with pytest.raises(ValueError, match="non-finite reward"):
-        pool.collect(1, [g("A", [0, float("nan"), 1, 1])])
+        pool.collect(1, [group("A", [0, float("nan"), 1, 1])])
 
 
 def test_sampler_draws_from_the_spread_buckets():
     cfg = cont_cfg(seed=3)
     pool = ExperiencePool.from_config(cfg)
-    pool.collect(1, [g("A", A), g("B", B), g("C", C), g("D", D)])
+    pool.collect(1, [group("A", A), group("B", B), group("C", C), group("D", D)])
     draw = BucketSampler.from_config(cfg).draw(pool, 3)
     assert sorted(draw.question_ids) == ["A", "B", "D"] and draw.bucket_counts == {1: 1, 2: 1, 3: 1}
 
@@ -181,7 +173,7 @@ def test_sampler_draws_from_the_spread_buckets():
 def test_pool_checkpoint_records_the_mode_and_refuses_the_other_one(tmp_path):
     cfg = cont_cfg()
     pool = ExperiencePool.from_config(cfg)
-    pool.collect(1, [g("A", A), g("B", B), g("C", C), g("D", D)])
+    pool.collect(1, [group("A", A), group("B", B), group("C", C), group("D", D)])
     save_experience(tmp_path / "cont", pool=pool, fsync=False)
     again = ExperiencePool.from_config(cfg)
     load_experience(tmp_path / "cont", pool=again)
@@ -199,7 +191,7 @@ def test_pool_checkpoint_records_the_mode_and_refuses_the_other_one(tmp_path):
 def test_manager_round_trip_and_delayed_start_signals(tmp_path):
     mgr = ExperienceManager(cont_cfg(continuous_start_steps=2, seed=5))
     assert not mgr.mixed
-    mgr.collect(1, {"A": g("A", A).members, "D": g("D", D).members})
+    mgr.collect(1, {"A": group("A", A).members, "D": group("D", D).members})
     assert not mgr.observe_rewards(A + D, 1) and mgr.observe_rewards(A + D, 2) and mgr.mixed
     assert mgr.schedule.switch_step == 2 and mgr.schedule.last_pass_rate == pytest.approx(0.5)
     mgr.save(tmp_path, {"leftover_rows": [1]})

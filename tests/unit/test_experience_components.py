@@ -27,6 +27,7 @@ from exgrpo.experience.storage import batch_ranges
 from exgrpo.experience.trajectory_metrics import TRAJECTORY_METRICS, register_trajectory_metric
 from exgrpo.experience.weightings import BUCKET_WEIGHTINGS, is_per_question
 from exgrpo.registry import Registry
+from tests.helpers.experience import binary_group
 
 K = 4
 STORAGES = [lambda: ArenaStorage(chunk_tokens=64), PerEntryStorage]
@@ -236,13 +237,9 @@ def _writer(**kwargs):
     return CollectionRules(table, storage, buckets, **kwargs), table, buckets
 
 
-def _group(qid, n_ok, salt=0):
-    return Group(qid, [GroupMember([salt, i, 2], [-0.1, -0.2, -0.3], float(i < n_ok)) for i in range(K)])
-
-
 def test_collection_rules_on_their_own_components_and_state_round_trip():
     w, table, buckets = _writer(max_entries_per_question=2)
-    stats = w.collect(5, [_group("a", 3), _group("b", 4), _group("c", 1)])
+    stats = w.collect(5, [binary_group("a", 3, K), binary_group("b", 4, K), binary_group("c", 1, K)])
     assert (stats.added_entries, stats.retired, stats.evicted_entries) == (4, 1, 1)
     assert table.slots_of("a") and buckets.bucket_of("a") == 3 and buckets.bucket_of("c") == 1
     assert list(w.retired) == ["b"] and w.counters["collected"] == 4 and w.counters["evicted"] == 1
@@ -257,14 +254,15 @@ def test_collection_rules_on_their_own_components_and_state_round_trip():
 
 def test_a_question_twice_in_one_call_is_collected_as_in_two_calls():
     one = ExperiencePool(K)
-    one.collect(1, [_group("a", 2), _group("a", 3, salt=1), _group("a", 4)])  # the last one retires it
+    # the last one retires it
+    one.collect(1, [binary_group("a", 2, K), binary_group("a", 3, K, salt=1), binary_group("a", 4, K)])
     two = ExperiencePool(K)
-    for g in (_group("a", 2), _group("a", 3, salt=1), _group("a", 4)):
+    for g in (binary_group("a", 2, K), binary_group("a", 3, K, salt=1), binary_group("a", 4, K)):
         two.collect(1, [g])
     assert list(one.retired) == list(two.retired) == ["a"] and len(one) == len(two) == 0
-    one.collect(2, [_group("b", 2), _group("b", 3, salt=1)])
-    two.collect(2, [_group("b", 2)])
-    two.collect(2, [_group("b", 3, salt=1)])
+    one.collect(2, [binary_group("b", 2, K), binary_group("b", 3, K, salt=1)])
+    two.collect(2, [binary_group("b", 2, K)])
+    two.collect(2, [binary_group("b", 3, K, salt=1)])
     assert one.entry_ids("b") == two.entry_ids("b") and one.bucket_of("b") == two.bucket_of("b") == 3
 
 
@@ -272,14 +270,14 @@ def test_a_malformed_group_stores_what_came_before_and_nothing_of_itself():
     pool = ExperiencePool(K)
     bad = Group("bad", [GroupMember([1, 2], [0.0], 1.0)] + [GroupMember([3], [0.0], 0.0)] * (K - 1))
     with pytest.raises(ValueError, match="one value per response token"):
-        pool.collect(1, [_group("ok", 2), bad])
+        pool.collect(1, [binary_group("ok", 2, K), bad])
     assert pool.num_entries("ok") == 2 and pool.bucket_of("ok") == 2
     assert pool.num_entries("bad") == 0 and pool.bucket_of("bad") is None
 
 
 def test_pool_dump_and_load_without_the_persistence_layer(tmp_path):
     pool = ExperiencePool(K, chunk_tokens=16)
-    pool.collect(1, [_group("a", 2), _group(3, 1), _group("r", 4)])
+    pool.collect(1, [binary_group("a", 2, K), binary_group(3, 1, K), binary_group("r", 4, K)])
     meta, records = pool.dump(tmp_path, batch_tokens=4)
     assert sorted(records) == ["entries.arrow", "tokens.arrow"] and meta == json.loads(json.dumps(meta))
     back = ExperiencePool(K, storage="per_entry")

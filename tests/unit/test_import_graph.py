@@ -16,12 +16,18 @@ resolved). The layers, lowest first (docs/architecture.md):
    ``benchmarks``.
 
 A module may import its own layer (without a circle) and the layers below it.
+
+And no module imports a test file (``test_*.py``): a test file holds tests only, what two of them share lives in
+``tests/helpers/`` or a ``conftest.py``. That counts the imports above, and those of the Python code a module runs in a
+subprocess (a string that parses as Python, ``python -c CODE``) or names (a dotted name in a string, ``python -m``,
+``importlib.import_module``).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("exgrpo", "data_preprocess", "recipe", "benchmarks")
@@ -212,3 +218,96 @@ def test_the_replay_step_check_sees_a_trainer_and_a_lazy_verl_import(tmp_path):
         f"{REPLAY_STEP}.lazy imports verl.protocol",
         f"{REPLAY_STEP}.lazy imports ray",
     ]
+
+
+# ------------------------------------------------------------------------------------------------ test files
+#: where a module that imports a test file could be: every package above and the tests
+TEST_FILE_SCAN = (*PACKAGES, "tests")
+#: a dotted module name under tests/ whose last part names a test file
+_TEST_MODULE_NAME = re.compile(r"(?<![\w.])tests(?:\.\w+)*\.test_\w+")
+
+
+def is_test_file(module: str) -> bool:
+    return module.rsplit(".", 1)[-1].startswith("test_")
+
+
+def _imports_in(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """The modules the import statements of ``tree`` name (``from a import b``: ``a`` and ``a.b``)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
+    """What a module's source imports: its import statements, those of the Python code in its strings, and the
+    dotted test-module names its strings hold."""
+    tree = ast.parse(source)
+    out = _imports_in(tree, module, is_package)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.update(_TEST_MODULE_NAME.findall(node.value))
+            try:
+                code = ast.parse(node.value)
+            except (SyntaxError, ValueError):
+                continue  # not Python
+            out.update(_imports_in(code, module, is_package))
+    return out
+
+
+def imports_of_test_files(root: pathlib.Path = REPO, tops: tuple[str, ...] = TEST_FILE_SCAN) -> list[tuple[str, str]]:
+    """(importing module, imported test file) for every import of a test file under ``root``'s ``tops``."""
+    found = []
+    for top in tops:
+        for f in sorted((root / top).rglob("*.py")):
+            parts = f.relative_to(root).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            imported = imported_modules(f.read_text(encoding="utf-8"), module, f.name == "__init__.py")
+            found += [(module, m) for m in sorted(imported) if m.startswith("tests.") and is_test_file(m)]
+    return found
+
+
+def test_no_module_imports_a_test_file():
+    assert imports_of_test_files() == []
+
+
+def test_the_check_sees_every_way_of_importing_a_test_file(tmp_path):
+    files = {
+        "tests/__init__.py": "",
+        "tests/helpers/__init__.py": "",
+        "tests/helpers/fine.py": "import json\nfrom tests.helpers import fine\n",  # imports no test file
+        "tests/unit/__init__.py": "",
+        "tests/unit/TEST_a.py": "from tests.unit.TEST_b import helper\n",
+        "tests/unit/TEST_b.py": "def helper():\n    from . import TEST_a\n",  # relative, inside a function
+        "tests/unit/TEST_c.py": "import tests.unit.TEST_a as a\nfrom tests.unit import TEST_b, other\n",
+        # code run in a subprocess, and a module run by name
+        "tests/unit/TEST_d.py": (
+            'CODE = """\nfrom tests.unit.TEST_d import x\n"""\nARGS = ["-m", "tests.unit.TEST_a"]\n'
+        ),
+        "benchmarks/bench.py": 'import importlib\nM = importlib.import_module("tests.unit.TEST_c")\n',
+    }
+    # (written "TEST_" here, so that this file's own strings import no test file)
+    for name, text in files.items():
+        path = tmp_path / name.replace("TEST_", "test_")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace("TEST_", "test_"), encoding="utf-8")
+    expected = [
+        ("tests.unit.TEST_a", "tests.unit.TEST_b"),
+        ("tests.unit.TEST_b", "tests.unit.TEST_a"),
+        ("tests.unit.TEST_c", "tests.unit.TEST_a"),
+        ("tests.unit.TEST_c", "tests.unit.TEST_b"),
+        ("tests.unit.TEST_d", "tests.unit.TEST_a"),
+        ("tests.unit.TEST_d", "tests.unit.TEST_d"),
+        ("benchmarks.bench", "tests.unit.TEST_c"),
+    ]
+    found = imports_of_test_files(tmp_path, ("tests", "benchmarks"))
+    assert found == [(a.replace("TEST_", "test_"), b.replace("TEST_", "test_")) for a, b in expected]

@@ -27,6 +27,7 @@ from exgrpo.experience import (
 )
 from exgrpo.experience import persistence as persistence_mod
 from exgrpo.experience.manager import ExperienceManager
+from tests.helpers.experience import resign_header
 
 REPO = Path(__file__).resolve().parents[2]
 K = 4
@@ -220,13 +221,6 @@ def test_a_pool_without_masked_tokens_is_written_as_before(tmp_path):
     assert all(c.loss_mask is None for c in fresh.entries("q")) and fresh.table.total_masked == 0
 
 
-def _resign(d, edit):
-    body = json.loads((d / "header.json").read_text())
-    del body["sha256"]
-    edit(body)
-    (d / "header.json").write_bytes(persistence_mod._encode_header(body))
-
-
 def _drop_mask_record(body):
     body["files"]["tokens.arrow"].pop("loss_mask")
     body["schema_version"] = 2
@@ -245,7 +239,7 @@ def _drop_mask_record(body):
 )
 def test_a_header_whose_loss_mask_does_not_fit_the_file_is_named(tmp_path, edit, pattern):
     out = save_experience(tmp_path / "p", pool=_masked_pool(), fsync=False)
-    _resign(out, edit)
+    resign_header(out, edit)
     with pytest.raises(PoolCheckpointError, match=pattern):
         load_experience(out, pool=ExperiencePool(K))
 

@@ -22,6 +22,7 @@ from exgrpo.experience import (
 )
 from exgrpo.experience import persistence as persistence_mod
 from exgrpo.schedule import ExperienceSchedule, batch_pass_rate
+from tests.helpers.experience import resign_header
 
 K = 4
 B = 8
@@ -227,18 +228,10 @@ def _flip_byte(path, where):
     path.write_bytes(bytes(data))
 
 
-def _resign(d, edit):
-    """Edit the header body and write it back with a valid checksum (damage the checksum cannot see)."""
-    body = json.loads((d / "header.json").read_text())
-    del body["sha256"]
-    edit(body)
-    (d / "header.json").write_bytes(persistence_mod._encode_header(body))
-
-
 def _zero_tokens_file_with_matching_crc(d):
     size = (d / "tokens.arrow").stat().st_size
     (d / "tokens.arrow").write_bytes(b"\0" * size)
-    _resign(d, lambda b: b["files"]["tokens.arrow"].update(crc32=zlib.crc32(b"\0" * size)))
+    resign_header(d, lambda b: b["files"]["tokens.arrow"].update(crc32=zlib.crc32(b"\0" * size)))
 
 
 @pytest.mark.parametrize(
@@ -254,7 +247,7 @@ def _zero_tokens_file_with_matching_crc(d):
         (lambda d: (d / "entries.arrow").unlink(), r"entries\.arrow: missing"),
         (lambda d: (d / "header.json").write_text('{"format": '), r"header\.json: damaged header"),
         (lambda d: (d / "header.json").unlink(), r"header\.json: missing"),
-        (lambda d: _resign(d, lambda b: b.update(schema_version=99)), r"header\.json: schema_version 99"),
+        (lambda d: resign_header(d, lambda b: b.update(schema_version=99)), r"header\.json: schema_version 99"),
         (_zero_tokens_file_with_matching_crc, r"tokens\.arrow: not a readable Arrow IPC file"),
     ],
 )
@@ -280,7 +273,7 @@ def test_missing_component_state_is_an_error(tmp_path):
 
 
 def test_header_inconsistent_with_files(saved):
-    _resign(saved, lambda b: b["pool"].update(num_entries=b["pool"]["num_entries"] + 1))
+    resign_header(saved, lambda b: b["pool"].update(num_entries=b["pool"]["num_entries"] + 1))
     with pytest.raises(PoolCheckpointError, match=r"header\.json: inconsistent"):
         load_experience(saved, pool=ExperiencePool(K))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo.experience import PoolCheckpointError, experience_exists, load_experience, save_experience
-from exgrpo.experience import persistence as persistence_mod
+from tests.helpers.experience import header_body, write_header
 from tests.unit.pool_fault_driver import CRASH_POINTS, N_STATES, build_state, components, state_digest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,17 +95,6 @@ def test_a_missing_file_raises_naming_it(tmp_path, states):
         (d / name).unlink()
         with pytest.raises(PoolCheckpointError, match=rf"{name}: missing"):
             load_digest(d)
-
-
-def _header_body(d: Path) -> dict:
-    body = json.loads((d / "header.json").read_text())
-    del body["sha256"]
-    return body
-
-
-def _resign(d: Path, body: dict) -> None:
-    """Write ``body`` as the header with a valid checksum: damage that the checksum cannot see."""
-    (d / "header.json").write_bytes(persistence_mod._encode_header(body))
 
 
 def _dup_question(b):
@@ -187,9 +176,9 @@ def test_a_wrong_header_with_a_valid_checksum_raises_naming_it(tmp_path, states,
     """Every error path of the load after the checksums pass: a writer bug or a hand edit, never a raw exception."""
     built, _ = states
     d = save(tmp_path / "pool", built[1])
-    body = _header_body(d)
+    body = header_body(d)
     tamper(body)
-    _resign(d, body)
+    write_header(d, body)
     with pytest.raises(PoolCheckpointError) as info:
         load_digest(d)
     assert any(name in str(info.value) for name in FILES), str(info.value)
@@ -198,14 +187,14 @@ def test_a_wrong_header_with_a_valid_checksum_raises_naming_it(tmp_path, states,
 
 def test_an_older_header_is_named_with_its_version(tmp_path, states):
     d = save(tmp_path / "pool", states[0][0])
-    body = _header_body(d)
+    body = header_body(d)
     body["schema_version"] = 1
     (d / "header.json").write_text(json.dumps(body))  # the old format: no checksum frame
     with pytest.raises(PoolCheckpointError, match=r"header\.json: schema_version 1 is not supported") as info:
         load_digest(d)
     assert "exgrpo.resume_pool=empty" in str(info.value)  # says what to do
     body["schema_version"] = 99
-    _resign(d, body)
+    write_header(d, body)
     with pytest.raises(PoolCheckpointError, match=r"header\.json: schema_version 99 is not supported"):
         load_digest(d)
     (d / "header.json").write_text(json.dumps(body))  # a newer schema without this one's frame

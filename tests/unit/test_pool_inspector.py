@@ -18,7 +18,7 @@ from exgrpo.config import ExGRPOConfig
 from exgrpo.experience import ExperiencePool, Group, GroupMember, load_experience, save_experience
 from exgrpo.experience.manager import ExperienceManager
 from exgrpo.pool.cli import main
-from tests.tokenizers_for_tests import build_tiny_tokenizer
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 K = 4

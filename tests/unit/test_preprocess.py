@@ -3,7 +3,6 @@ filters, counts, and the errors for bad input."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,12 +18,8 @@ from data_preprocess.common import (
     clean_ground_truth,
     question_id,
 )
-from tests.tokenizers_for_tests import build_tiny_tokenizer
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
+from tests.helpers.jsonl import write_jsonl
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 
 def verl_shaped(question: str, answer, system: str = "old system prompt") -> dict:

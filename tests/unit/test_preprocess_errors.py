@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,9 @@ import pytest
 
 from data_preprocess import benchmarks, openr1_math
 from data_preprocess.common import DuplicateQuestionError, PreprocessError, read_rows, table_columns
+from tests.helpers.jsonl import write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, Path]:

@@ -5,7 +5,6 @@ traceback, and never after the grading pass. Without a reachable Hub they say so
 from __future__ import annotations
 
 import http.server
-import json
 import os
 import subprocess
 import sys
@@ -16,16 +15,12 @@ import pytest
 
 from data_preprocess import benchmarks, hub, openr1_math
 from data_preprocess.common import PreprocessError, table_columns
-from tests.tokenizers_for_tests import build_tiny_tokenizer
+from tests.helpers.jsonl import write_jsonl
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 #: a port nothing listens on: connections are refused at once
 CLOSED_ENDPOINT = "http://127.0.0.1:9"
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def _cli(module: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -64,7 +59,7 @@ def grading_pass(monkeypatch) -> list[int]:
 
 
 def test_a_wrong_tokenizer_stops_openr1_math_before_the_grading_pass(tmp_path, grading_pass):
-    src = _jsonl(tmp_path / "in.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    src = write_jsonl(tmp_path / "in.jsonl", [{"problem": "1+1?", "answer": "2"}])
     for name, (tok, expected) in _bad_tokenizers(tmp_path).items():
         args = openr1_math.build_parser().parse_args(
             ["--input", str(src), "--output", str(tmp_path / "o.parquet"), "--tokenizer", tok, "--no-progress"]
@@ -84,7 +79,7 @@ def test_a_wrong_tokenizer_stops_openr1_math_before_the_grading_pass(tmp_path, g
 @pytest.mark.parametrize("module", ["openr1_math", "wildchat_if"])
 def test_the_commands_name_a_wrong_tokenizer_without_a_traceback(tmp_path, module):
     row = {"problem": "1+1?", "answer": "2"} if module == "openr1_math" else {"instruction": "Say hi."}
-    src = _jsonl(tmp_path / "in.jsonl", [row])
+    src = write_jsonl(tmp_path / "in.jsonl", [row])
     for name, (tok, expected) in _bad_tokenizers(tmp_path).items():
         proc = _cli(module, "--input", str(src), "--output", str(tmp_path / "o.parquet"), "--tokenizer", tok)
         assert proc.returncode == 2, (name, proc.stderr[-2000:])
@@ -95,7 +90,7 @@ def test_the_commands_name_a_wrong_tokenizer_without_a_traceback(tmp_path, modul
 @pytest.mark.parametrize("module", ["openr1_math", "wildchat_if"])
 def test_an_output_that_cannot_be_written_is_named_before_any_work(tmp_path, module, grading_pass):
     row = {"problem": "1+1?", "answer": "2"} if module == "openr1_math" else {"instruction": "Say hi."}
-    src = _jsonl(tmp_path / "in.jsonl", [row])
+    src = write_jsonl(tmp_path / "in.jsonl", [row])
     (tmp_path / "a_file").write_text("x")
     out = tmp_path / "a_file" / "sub" / "train.parquet"  # its directory cannot be made: a file is in the way
     proc = _cli(module, "--input", str(src), "--output", str(out))
@@ -114,7 +109,7 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(tmp_path, mod
 
 
 def test_benchmarks_check_the_output_dir_and_every_input_first(tmp_path, grading_pass):
-    aime = _jsonl(tmp_path / "aime.jsonl", [{"problem": "P0", "answer": "204"}])
+    aime = write_jsonl(tmp_path / "aime.jsonl", [{"problem": "P0", "answer": "204"}])
     (tmp_path / "a_file").write_text("x")
     proc = _cli(
         "benchmarks", "--output-dir", str(tmp_path / "a_file"), "--benchmarks", "aime24", "--input", f"aime24={aime}"
@@ -158,7 +153,7 @@ def test_an_empty_file_is_reported_as_empty(tmp_path):
 
 
 def test_a_missing_system_prompt_file_is_named(tmp_path):
-    src = _jsonl(tmp_path / "in.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    src = write_jsonl(tmp_path / "in.jsonl", [{"problem": "1+1?", "answer": "2"}])
     missing = tmp_path / "no_prompt.txt"
     proc = _cli(
         "openr1_math",

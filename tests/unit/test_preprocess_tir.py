@@ -7,9 +7,6 @@ carry the tir system instruction; the tool's schema is added by the chat templat
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pyarrow.parquet as pq
 import pytest
 
@@ -23,13 +20,9 @@ from data_preprocess.common import (
     system_prompt_from_args,
 )
 from exgrpo.prompts import PROMPT_STYLES, STYLE_AGENT_NAMES
+from tests.helpers.jsonl import write_jsonl
 
 ROWS = [{"problem": "What is $6 \\times 7$?", "answer": "42"}, {"problem": "What is $2 + 3$?", "answer": "5"}]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def run_openr1(*argv: str) -> openr1_math.Report:

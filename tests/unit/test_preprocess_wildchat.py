@@ -15,7 +15,7 @@ import pytest
 
 from data_preprocess import wildchat_if
 from data_preprocess.common import VERL_SCHEMA, DuplicateQuestionError, MissingColumnError, PreprocessError
-from tests.tokenizers_for_tests import build_tiny_tokenizer
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,16 +3,14 @@ template the launch script sets renders it verbatim, and the prompt-length filte
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pyarrow.parquet as pq
 import pytest
 
 from data_preprocess import benchmarks, openr1_math
 from data_preprocess.common import LUFFY_SYSTEM_PROMPT, PreprocessError, build_prompt, system_prompt_from_args
 from exgrpo.prompts import RAW_CHAT_TEMPLATE, llama_base_prompt
-from tests.tokenizers_for_tests import build_tiny_tokenizer
+from tests.helpers.jsonl import write_jsonl
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 QUESTION = "What is $2 + 2$?"
 LLAMA_TEXT = "User: What is $2 + 2$? Answer: Let's think step by step.\n"
@@ -46,15 +44,10 @@ def test_the_raw_template_renders_the_prompt_verbatim_after_bos(tmp_path):
     assert text == "<|im_start|>" + LLAMA_TEXT
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 def test_openr1_llama_base_rows_and_length_filter(tmp_path, capsys):
     tok = build_tiny_tokenizer(tmp_path / "tok")
     rows = [{"problem": QUESTION, "answer": "4"}, {"problem": "x" * 60, "answer": "1"}]
-    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "train_llama_base.parquet"
     # byte-level tokens, no BOS in this tokenizer: the first prompt is len(LLAMA_TEXT) = 57 tokens under the raw
     # template (the ChatML template would add 22 more), the second 101
@@ -73,7 +66,7 @@ def test_openr1_llama_base_rows_and_length_filter(tmp_path, capsys):
 
 
 def test_benchmarks_llama_base_rows(tmp_path):
-    src = _write_jsonl(tmp_path / "aime.jsonl", [{"problem": QUESTION, "answer": "4"}])
+    src = write_jsonl(tmp_path / "aime.jsonl", [{"problem": QUESTION, "answer": "4"}])
     args = ["--output-dir", str(tmp_path / "out"), "--benchmarks", "aime24", "--input", f"aime24={src}"]
     args += ["--repeat", "2", "--prompt-style", "llama_base", "--combined", "valid_id.parquet", "--no-progress"]
     benchmarks.run(benchmarks.build_parser().parse_args(args))

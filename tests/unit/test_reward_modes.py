@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from exgrpo.config import ConfigError, ExGRPOConfig
-from exgrpo.experience import GroupMember, PoolCheckpointError
+from exgrpo.experience import PoolCheckpointError
 from exgrpo.experience.manager import ExperienceManager
 from exgrpo.modes import REWARD_MODES, BinaryMode, BinaryOptions, ModeOptions, RewardMode, register_reward_mode
 from exgrpo.settings import setting
+from tests.helpers.experience import members
 
 REPO = Path(__file__).resolve().parents[2]
 K = 4
@@ -54,13 +54,6 @@ def threshold_mode():
     REWARD_MODES.unregister(MODE)
 
 
-def _group(rewards: list[float], salt: int, replayed: int | None = None) -> list[GroupMember]:
-    return [
-        GroupMember(np.asarray([salt, i, 9], dtype=np.int64), np.full(3, -0.3, np.float32), r, i == replayed)
-        for i, r in enumerate(rewards)
-    ]
-
-
 def test_a_third_mode_runs_through_the_manager_with_its_own_key(threshold_mode, tmp_path):
     cfg = ExGRPOConfig.from_dict(
         {"reward_mode": MODE, "pass_threshold": 0.5, "delayed_start_threshold": 0.4, "seed": 3}, k=K
@@ -69,10 +62,10 @@ def test_a_third_mode_runs_through_the_manager_with_its_own_key(threshold_mode, 
     assert PassThresholdOptions.of(cfg) is cfg.mode_options and BinaryOptions.of(cfg).delayed_start_threshold == 0.4
     mgr = ExperienceManager(cfg)
     groups = {
-        "two": _group([0.6, 0.2, 0.5, 0.1], salt=1),  # 0.6 and 0.5 pass: bucket 2, both stored
-        "all": _group([0.9, 0.7, 0.5, 0.8], salt=2),  # every member passes: retired
-        "none": _group([0.4, 0.0, 0.49, 0.1], salt=3),  # none passes: no signal
-        "one": _group([0.55, 0.3, 0.3, 0.3], salt=4),  # one passes: bucket 1
+        "two": members([0.6, 0.2, 0.5, 0.1], salt=1),  # 0.6 and 0.5 pass: bucket 2, both stored
+        "all": members([0.9, 0.7, 0.5, 0.8], salt=2),  # every member passes: retired
+        "none": members([0.4, 0.0, 0.49, 0.1], salt=3),  # none passes: no signal
+        "one": members([0.55, 0.3, 0.3, 0.3], salt=4),  # one passes: bucket 1
     }
     metrics = mgr.collect(1, groups)
     pool = mgr.pool
@@ -81,7 +74,7 @@ def test_a_third_mode_runs_through_the_manager_with_its_own_key(threshold_mode, 
     assert sorted(e.reward for e in pool.entries("two")) == pytest.approx([0.5, 0.6])
     assert metrics["exgrpo/collect/retired"] == 1 and metrics["exgrpo/collect/zero_success"] == 1
     # the delayed start watches the share of passing responses: 7 of 16 = 0.4375 > 0.4
-    rewards = [m.reward for members in groups.values() for m in members]
+    rewards = [m.reward for group in groups.values() for m in group]
     assert mgr.mode.start_signal(rewards) == pytest.approx(7 / 16)
     assert mgr.observe_rewards(rewards, 1) and mgr.mixed
     # the pool's header carries the mode and its setting; a resume in the same mode restores it exactly

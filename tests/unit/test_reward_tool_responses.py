@@ -16,7 +16,7 @@ import pytest
 
 from exgrpo.reward import grade, strip_tool_responses
 from recipe.exgrpo.reward import compute_score, to_verl_dict
-from tests.tokenizers_for_tests import build_tiny_tokenizer
+from tests.helpers.tokenizers import build_tiny_tokenizer
 
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
 

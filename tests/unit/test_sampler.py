@@ -14,24 +14,16 @@ from exgrpo.experience import (
     bucket_probabilities,
     get_bucket_weighting,
 )
+from tests.helpers.experience import binary_group
 
 K = 8
 BUCKETS = list(range(1, 8))
 
 
-def _group(qid, k_success, k=K, tag=0):
-    members = []
-    for i in range(k):
-        ok = i < k_success
-        ids = np.array([tag, i, 7, 2], dtype=np.int32)  # distinct per member: nothing deduplicated
-        members.append(GroupMember(ids, np.full(4, -0.5, dtype=np.float32), 1.0 if ok else 0.0))
-    return Group(qid, members)
-
-
 def _pool(sizes: dict[int, int], k=K) -> ExperiencePool:
     """A pool with ``sizes[b]`` questions in bucket b (question ids 'b<b>-<i>')."""
     pool = ExperiencePool(k)
-    groups = [_group(f"b{b}-{i}", b, k) for b, n in sizes.items() for i in range(n)]
+    groups = [binary_group(f"b{b}-{i}", b, k) for b, n in sizes.items() for i in range(n)]
     pool.collect(0, groups)
     assert pool.buckets.sizes()[1:] == [sizes.get(b, 0) for b in range(1, k)]
     return pool

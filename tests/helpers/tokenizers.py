@@ -1,4 +1,4 @@
-"""Test helpers shared by unit and integration tests (plain functions, no fixtures)."""
+"""A tokenizer for tests: byte-level, no merges, with ChatML specials and a chat template (no download)."""
 
 from __future__ import annotations
 
