@@ -15,6 +15,7 @@ from exgrpo.modes import DEFAULT_REWARD_MODE, REWARD_MODES
 __all__ = [
     "REWARD_MODEL_CLIENT",
     "UNSUPPORTED_VERL_SETTINGS",
+    "V1_TRAINER_MODES",
     "reward_model_problems",
     "stage_deadline_problems",
     "StartupConfigError",
@@ -95,6 +96,9 @@ def _zero(value: Any) -> bool:
     return value is None or value == 0
 
 
+#: the modes of verl's v1 trainer (``trainer.v1.trainer_mode``) the recipe runs ExGRPO in (``trainer.use_v1=true``)
+V1_TRAINER_MODES = ("sync",)
+
 #: the registered reward modes that a reward model may feed (``RewardMode.accepts_reward_model``)
 _REWARD_MODEL_MODES = tuple(name for name, mode in REWARD_MODES.items() if mode.accepts_reward_model)
 
@@ -116,10 +120,12 @@ def _mode_takes_reward_model(config) -> bool:
 #: paths that read these keys never run: a different value would be accepted and do nothing.
 UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
     UnsupportedSetting(
-        "trainer.use_v1",
-        _off,
-        "the recipe's RayExGRPOTrainer subclasses verl's legacy RayPPOTrainer; set trainer.use_v1=false (the default "
-        "of config/exgrpo_trainer.yaml)",
+        "trainer.v1.trainer_mode",
+        lambda v: str(v) in V1_TRAINER_MODES,
+        "the recipe runs ExGRPO on verl's v1 trainer in its synchronous mode (recipe/exgrpo/v1/trainer.py); the "
+        "asynchronous modes (colocate_async, separate_async) are not supported yet: set trainer.v1.trainer_mode=sync, "
+        "or trainer.use_v1=false for the legacy trainer",
+        applies=lambda config: bool(OmegaConf.select(config, "trainer.use_v1", default=False)),
     ),
     UnsupportedSetting(
         "algorithm.adv_estimator",

@@ -185,6 +185,51 @@ class ExGRPOTaskRunner(BaseTaskRunner):
         supervisor.run(train)
 
 
+@ray.remote
+class ExGRPOTaskRunnerV1:
+    """verl's v1 task runner (``TaskRunnerV1``: TransferQueue, the trainer, the agent loop over TransferQueue),
+    building an ``ExGRPOTrainerV1`` (``trainer.use_v1=true``, the sync mode) under the stage watchdog."""
+
+    def run(self, config, driver: dict | None = None, run_token: str | None = None):
+        import transfer_queue as tq
+        from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+        from recipe.exgrpo.runtime.stage_deadlines import StageSupervisor, deadlines_from_config
+        from recipe.exgrpo.v1.trainer import ExGRPOTrainerV1
+
+        print(f"ExGRPOTaskRunnerV1 hostname: {socket.gethostname()}, PID: {os.getpid()}")
+        with open_dict(config):
+            config.transfer_queue.enable = True
+        pprint(OmegaConf.to_container(config, resolve=True))
+        OmegaConf.resolve(config)
+        supervisor = StageSupervisor(
+            deadlines_from_config(config), config.trainer.default_local_dir, run_token=run_token, driver=driver
+        )
+        tq.init(config.transfer_queue)
+
+        def train():
+            trainer = ExGRPOTrainerV1(config=config)
+            trainer.stage_clock = supervisor.clock
+            trainer.init()
+            manager = AgentLoopManagerTQ.create(
+                config=config,
+                llm_client=trainer.get_llm_client(),
+                teacher_client=trainer.get_teacher_client(),
+                reward_loop_worker_handles=trainer.get_reward_handles(),
+            )
+            try:
+                trainer.fit(manager)
+            finally:
+                tracking = getattr(trainer, "logger", None)
+                if tracking is not None:
+                    tracking.finish()  # flush the file/TensorBoard/W&B backends
+
+        try:
+            supervisor.run(train)
+        finally:
+            tq.close()
+
+
 def run_stage_watched(config, run_token: str) -> None:
     """verl's ``run_ppo`` with the recipe's task runner; a ``StageDeadlineError`` of the task runner ends the run:
     Ray is shut down, what is left of the run on this node is stopped, the step's incomplete checkpoint removed
@@ -201,8 +246,9 @@ def run_stage_watched(config, run_token: str) -> None:
     if watched:
         stacks.register(run_token)  # the driver's own stacks, dumped with the workers' at a deadline
     # every node must import the recipe: checked once run_ppo has started Ray, before the task runner starts
+    runner_cls = ExGRPOTaskRunnerV1 if config.trainer.get("use_v1", False) else ExGRPOTaskRunner
     runner = CheckedTaskRunner(
-        ExGRPOTaskRunner, run_kwargs=lambda: {"driver": driver_info(), "run_token": run_token if watched else None}
+        runner_cls, run_kwargs=lambda: {"driver": driver_info(), "run_token": run_token if watched else None}
     )
     try:
         run_ppo(config, task_runner_class=runner)

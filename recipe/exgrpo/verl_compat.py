@@ -1,6 +1,7 @@
 """Every private name of verl, vLLM, Ray and transformers that the recipe touches, behind one function each.
 
-The recipe runs on verl 0.9.1's legacy ``RayPPOTrainer`` (marked deprecated there), registers a CPU platform,
+The recipe runs on verl 0.9.1's legacy ``RayPPOTrainer`` (marked deprecated there) and on its v1 ``PPOTrainer``
+(``trainer.use_v1=true``, the sync mode), registers a CPU platform,
 rollouts and engines where verl has no public way to, and on the CPU backend replaces one private function of
 vLLM. Each such name is used here and nowhere else, so the day verl (or vLLM) moves, this module is the one to
 change, and ``python -m recipe.exgrpo.verl_compat`` (run by the tests) names every name that is gone, with the
@@ -49,6 +50,10 @@ __all__ = [
     "set_replica_server",
     "tool_parser_names",
     "update_actor",
+    "v1_balance_batch",
+    "v1_old_log_probs",
+    "v1_submit_prompts",
+    "v1_update_actor",
     "validate",
 ]
 
@@ -94,6 +99,35 @@ def validate(trainer: Any) -> dict:
 
 #: The private methods of ``RayPPOTrainer`` that ``RayExGRPOTrainer`` overrides (and calls through ``super()``).
 TRAINER_OVERRIDES = ("_save_checkpoint", "_load_checkpoint")
+
+
+# ------------------------------------------------------------------------------------- verl's v1 trainer (PPOTrainer)
+# verl/trainer/ppo/v1/trainer_base.py: the step's pieces the v1 adapter runs itself (recipe/exgrpo/v1/trainer.py).
+def v1_submit_prompts(trainer: Any, batch: Any) -> int:
+    """Register a prompt batch (a ``TensorDict``) in TransferQueue and hand it to the agent loop
+    (``PPOTrainer._submit_batch_to_rollout``); the number of prompts."""
+    return trainer._submit_batch_to_rollout(batch)
+
+
+def v1_balance_batch(trainer: Any, batch: Any, metrics: dict, logging_prefix: str = "global_seqlen") -> Any:
+    """A ``KVBatchMeta`` padded to what the update's dispatch needs and reordered so every data-parallel rank gets a
+    similar token count (``PPOTrainer._balance_batch``; its padding rows carry the tag ``is_padding``)."""
+    return trainer._balance_batch(batch, metrics=metrics, logging_prefix=logging_prefix)
+
+
+def v1_old_log_probs(trainer: Any, batch: Any, metrics: dict) -> Any:
+    """The actor's pass over ``batch``: ``old_log_probs`` and per-token ``entropy`` written to TransferQueue
+    (``PPOTrainer._compute_old_log_prob``)."""
+    return trainer._compute_old_log_prob(batch, metrics=metrics)
+
+
+def v1_update_actor(trainer: Any, batch: Any, metrics: dict) -> Any:
+    """verl's actor update on ``batch`` (``PPOTrainer._update_actor``); its metrics go into ``metrics``."""
+    return trainer._update_actor(batch, metrics=metrics)
+
+
+#: The private methods of v1's ``PPOTrainer`` that ``ExGRPOTrainerV1`` overrides (and calls through ``super()``).
+V1_TRAINER_OVERRIDES = ("_init_dataloader", "_save_checkpoint", "_load_checkpoint", "_validate", "_compute_metrics")
 
 
 # ------------------------------------------------------------------------------------------ rollouts (verl)
@@ -284,6 +318,7 @@ class PrivateName:
 
 
 _TRAINER = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
+_V1_TRAINER = "verl.trainer.ppo.v1.trainer_base:PPOTrainer"
 _VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer"
 _ADAPTER = "verl.workers.rollout.vllm_rollout.vllm_rollout:ServerAdapter"
 
@@ -297,6 +332,23 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("verl", _TRAINER, "_validate", "validate", ("self",)),
     PrivateName("verl", _TRAINER, "_save_checkpoint", "overridden by RayExGRPOTrainer (pool first)", ("self",)),
     PrivateName("verl", _TRAINER, "_load_checkpoint", "overridden by RayExGRPOTrainer (pool restored)", ("self",)),
+    PrivateName("verl", _V1_TRAINER, "_submit_batch_to_rollout", "v1_submit_prompts", ("self", "batch")),
+    PrivateName(
+        "verl", _V1_TRAINER, "_balance_batch", "v1_balance_batch", ("self", "batch", "metrics", "logging_prefix")
+    ),
+    PrivateName("verl", _V1_TRAINER, "_compute_old_log_prob", "v1_old_log_probs", ("self", "batch", "metrics")),
+    PrivateName("verl", _V1_TRAINER, "_update_actor", "v1_update_actor", ("self", "batch", "metrics")),
+    PrivateName("verl", _V1_TRAINER, "_init_dataloader", "overridden by ExGRPOTrainerV1 (the replay step)", ("self",)),
+    PrivateName("verl", _V1_TRAINER, "_save_checkpoint", "overridden by ExGRPOTrainerV1 (pool first)", ("self",)),
+    PrivateName("verl", _V1_TRAINER, "_load_checkpoint", "overridden by ExGRPOTrainerV1 (pool restored)", ("self",)),
+    PrivateName("verl", _V1_TRAINER, "_validate", "overridden by ExGRPOTrainerV1 (stage deadline)", ("self",)),
+    PrivateName(
+        "verl",
+        _V1_TRAINER,
+        "_compute_metrics",
+        "overridden by ExGRPOTrainerV1 (rows left in TransferQueue)",
+        ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch"),
+    ),
     PrivateName("verl", "verl.workers.rollout.base", "_ROLLOUT_REGISTRY", "register_rollout_adapter"),
     PrivateName("verl", "verl.workers.rollout.replica:RolloutReplica", "_server_handle", "set_replica_server"),
     PrivateName("verl", "verl.workers.rollout.replica:RolloutReplica", "_server_address", "set_replica_server"),

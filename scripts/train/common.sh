@@ -18,6 +18,8 @@
 #                    (on several nodes: a directory every node sees)
 #   PROJECT_NAME     (default exgrpo); EXPERIMENT_NAME (default: the script's own)
 #   N_GPUS_PER_NODE  (default 8); NNODES (default 1); ROLLOUT_TP vLLM tensor parallel size (default: the script's)
+#   TRAINER          verl's trainer: legacy (default; RayPPOTrainer) or v1 (its v1 trainer in the sync mode:
+#                    trainer.use_v1=true); docs/trainer.md says when to pick which
 #   RAY_ADDRESS      a running Ray cluster to join (required when NNODES > 1; "auto" on its head node)
 #   PYTHON           python of the environment with verl 0.9.1 and vLLM (default: an activated environment's
 #                    python, else the checkout's .venv, else python on PATH: the first that has the packages the
@@ -368,6 +370,11 @@ exgrpo_prepare() {
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
     EXGRPO_ARGS+=("++ray_kwargs.ray_init.address=$(exgrpo_hydra_value "$RAY_ADDRESS")")
   fi
+  case "${TRAINER:-legacy}" in
+    legacy) ;;
+    v1) EXGRPO_ARGS+=(trainer.use_v1=true trainer.v1.trainer_mode=sync) ;;
+    *) exgrpo_die "TRAINER=${TRAINER}: use legacy (verl's RayPPOTrainer, the default) or v1 (its v1 trainer, sync mode)" ;;
+  esac
 }
 
 # exgrpo_launch [extra hydra overrides]: run (or dry-run, or print) the entry point with EXGRPO_ARGS + extras.

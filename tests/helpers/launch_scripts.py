@@ -31,6 +31,7 @@ CLEARED_ENV = (
     "N_GPUS_PER_NODE",
     "NNODES",
     "ROLLOUT_TP",
+    "TRAINER",
     "RAY_ADDRESS",
     "DRY_RUN",
     "DRY_RUN_QUIET",

@@ -18,7 +18,7 @@ from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from exgrpo.modes.continuous import ContinuousMode, ContinuousRules  # noqa: E402
 from recipe.exgrpo.config_bridge import reward_model_colocated  # noqa: E402
-from recipe.exgrpo.legacy.trainer import as_dataproto, rows_of  # noqa: E402
+from recipe.exgrpo.dataproto import as_dataproto, rows_of  # noqa: E402
 from recipe.exgrpo.replay_step import ReplayStep, Rows, StepState  # noqa: E402
 from recipe.exgrpo.replay_step.batch import build_replay_members, collection_groups, mark_fresh  # noqa: E402
 from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY, QUESTION_ID_KEY  # noqa: E402

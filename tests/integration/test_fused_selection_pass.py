@@ -25,7 +25,8 @@ from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from recipe.exgrpo.config_bridge import replay_response_width  # noqa: E402
-from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer, as_dataproto, rows_of  # noqa: E402
+from recipe.exgrpo.dataproto import as_dataproto, rows_of  # noqa: E402
+from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
 from recipe.exgrpo.replay_step import ReplayStep, StepState  # noqa: E402
 from recipe.exgrpo.replay_step.fields import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
 

@@ -120,6 +120,32 @@ def test_every_script_dry_runs(script, launches):
         assert report.config.actor_rollout_ref.rollout.name == "vllm"
 
 
+@pytest.mark.parametrize("script", all_scripts(), ids=script_id)
+def test_every_script_dry_runs_on_the_v1_trainer(script):
+    """TRAINER=v1: the same launch on verl's v1 trainer (sync mode) composes and validates; only the trainer differs."""
+    runs = printed_launches(script, TRAINER="v1")
+    legacy = printed_launches(script)
+    assert len(runs) == len(legacy)
+    with pytest.MonkeyPatch.context() as mp:
+        clear_dry_run_env(mp)
+        for overrides, legacy_overrides in zip(runs, legacy):
+            assert overrides[: len(legacy_overrides)] == legacy_overrides or set(legacy_overrides) <= set(overrides)
+            report = compose(overrides)
+            assert report.config.trainer.use_v1 is True and report.config.trainer.v1.trainer_mode == "sync"
+
+
+def test_the_trainer_is_one_setting_and_a_bad_one_is_named():
+    script = TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh"
+    (v1,) = printed_launches(script, TRAINER="v1")
+    (legacy,) = printed_launches(script)
+    assert [o for o in v1 if o not in legacy] == ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync"]
+    proc = run_script(script, env=script_env(DRY_RUN="print", TRAINER="v2"))
+    assert proc.returncode != 0 and "TRAINER=v2: use legacy" in proc.stderr
+    with pytest.raises(DryRunError) as err:
+        compose([*v1, "trainer.v1.trainer_mode=colocate_async"])
+    assert "trainer.v1.trainer_mode='colocate_async' is not supported" in str(err.value)
+
+
 # ------------------------------------------------------------------------------------ released settings
 def test_released_hyperparameters_of_the_7b_run(reports):
     """docs/algorithm.md §11, key by key, in the composed config of scripts/train/exgrpo_qwen2.5_math_7b.sh."""
@@ -227,7 +253,6 @@ BAD_EXTRA_ARGUMENTS = [
         ["ppo_max_token_len_per_gpu = 8192 cannot hold", "9216"],
     ),
     ("actor_rollout_ref.rollout.n=1", ["exgrpo.k", "[2, inf)"]),
-    ("trainer.use_v1=true", ["trainer.use_v1"]),
     # verl settings the recipe's trainer would accept and ignore (recipe/exgrpo/config_bridge.py)
     ("algorithm.adv_estimator=gae", ["algorithm.adv_estimator='gae' is not supported", "algorithm.adv_estimator=grpo"]),
     ("actor_rollout_ref.actor.use_kl_loss=true", ["actor_rollout_ref.actor.use_kl_loss=True is not supported"]),

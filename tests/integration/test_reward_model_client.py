@@ -22,8 +22,8 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo.reward import load_reward_manager  # noqa: E402
 
 from recipe.exgrpo import reward_model_client  # noqa: E402
+from recipe.exgrpo.dataproto import as_dataproto, rows_of  # noqa: E402
 from recipe.exgrpo.harness.assets import build_tokenizer  # noqa: E402
-from recipe.exgrpo.legacy.trainer import as_dataproto, rows_of  # noqa: E402
 from recipe.exgrpo.replay_step.scoring import with_prompt_for_reward_functions  # noqa: E402
 
 MODEL = "/models/Skywork-Reward-Llama-3.1-8B-v0.2"

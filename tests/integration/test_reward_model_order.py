@@ -27,8 +27,9 @@ from exgrpo.config import ExGRPOConfig  # noqa: E402
 from exgrpo.experience.experience_pool import GroupMember  # noqa: E402
 from exgrpo.experience.manager import ExperienceManager  # noqa: E402
 from recipe.exgrpo.config_bridge import reward_model_colocated  # noqa: E402
+from recipe.exgrpo.dataproto import as_dataproto  # noqa: E402
 from recipe.exgrpo.dataset import QUESTION_ID_KEY, ROW_KEY  # noqa: E402
-from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer, as_dataproto  # noqa: E402
+from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
 from recipe.exgrpo.replay_step import ReplayStep  # noqa: E402
 from recipe.exgrpo.replay_step.batch import generation_counts  # noqa: E402
 from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY  # noqa: E402

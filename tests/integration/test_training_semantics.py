@@ -25,7 +25,7 @@ from exgrpo.config import ConfigError  # noqa: E402
 from exgrpo.objective import LossSettings, fresh_clip_on  # noqa: E402
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss  # noqa: E402
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra  # noqa: E402
-from recipe.exgrpo.legacy.trainer import rows_of  # noqa: E402
+from recipe.exgrpo.dataproto import rows_of  # noqa: E402
 from recipe.exgrpo.replay_step import batch as replay_batch  # noqa: E402
 from recipe.exgrpo.replay_step.fields import EXPERIENCE_GROUP_KEY, IS_REPLAY_KEY, MIXED_KEY, RATIO_KEY  # noqa: E402
 

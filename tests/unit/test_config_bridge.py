@@ -20,7 +20,7 @@ from recipe.exgrpo.config_bridge import (
 
 #: The keys as verl's ppo_trainer + config/exgrpo_trainer.yaml set them (the values the recipe honours).
 SUPPORTED = {
-    "trainer": {"use_v1": False, "critic_warmup": 0, "rollout_data_dir": None},
+    "trainer": {"use_v1": False, "v1": {"trainer_mode": "sync"}, "critic_warmup": 0, "rollout_data_dir": None},
     "algorithm": {
         "adv_estimator": "grpo",
         "norm_adv_by_std_in_grpo": False,
@@ -48,7 +48,7 @@ SUPPORTED = {
 
 #: (key, a value the recipe would ignore, the fix the message must name)
 IGNORED = [
-    ("trainer.use_v1", True, "trainer.use_v1=false"),
+    ("trainer.v1.trainer_mode", "colocate_async", "trainer.v1.trainer_mode=sync"),
     ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator=grpo"),
     ("algorithm.adv_estimator", "rloo", "algorithm.adv_estimator=grpo"),
     ("algorithm.use_kl_in_reward", True, "algorithm.use_kl_in_reward=false"),
@@ -68,6 +68,10 @@ IGNORED = [
     ("trainer.rollout_data_dir", "/tmp/rollouts", "remove trainer.rollout_data_dir"),
     ("global_profiler.steps", [1, 2], "global_profiler.steps=null"),
 ]
+
+
+#: the settings under which a key of IGNORED applies (a v1 trainer mode matters on the v1 trainer only)
+CONTEXT = {"trainer.v1.trainer_mode": {"trainer.use_v1": True}}
 
 
 def _config(**changes):
@@ -90,7 +94,7 @@ def test_every_unsupported_setting_has_a_test_case():
 
 @pytest.mark.parametrize(("key", "value", "fix"), IGNORED, ids=[f"{k}={v}" for k, v, _ in IGNORED])
 def test_an_ignored_verl_setting_is_rejected_naming_key_value_and_fix(key, value, fix):
-    cfg = _config(**{key: value})
+    cfg = _config(**CONTEXT.get(key, {}), **{key: value})
     problems = verl_setting_problems(cfg)
     assert len(problems) == 1, problems
     (problem,) = problems
@@ -100,6 +104,14 @@ def test_an_ignored_verl_setting_is_rejected_naming_key_value_and_fix(key, value
         check_startup_config(cfg)
     assert err.value.problems == problems
     assert isinstance(err.value, ConfigError)  # callers that catch ConfigError keep working
+
+
+def test_the_v1_trainer_runs_exgrpo_in_its_sync_mode():
+    """trainer.use_v1=true is accepted with the sync mode; an async mode only on the v1 trainer counts."""
+    assert verl_setting_problems(_config(**{"trainer.use_v1": True})) == []
+    assert verl_setting_problems(_config(**{"trainer.v1.trainer_mode": "colocate_async"})) == []  # legacy: unread
+    (problem,) = verl_setting_problems(_config(**{"trainer.use_v1": True, "trainer.v1.trainer_mode": "colocate_async"}))
+    assert "asynchronous modes (colocate_async, separate_async) are not supported yet" in problem
 
 
 def test_clip_ratio_c_counts_once_the_dual_clip_is_on():
@@ -120,12 +132,19 @@ def test_absent_keys_are_not_problems():
 
 
 def test_all_problems_are_listed_together_with_those_of_the_exgrpo_block():
-    cfg = _config(**{"algorithm.adv_estimator": "gae", "trainer.use_v1": True, "exgrpo.replay_ratio": 1.5})
+    cfg = _config(
+        **{
+            "algorithm.adv_estimator": "gae",
+            "trainer.use_v1": True,
+            "trainer.v1.trainer_mode": "separate_async",
+            "exgrpo.replay_ratio": 1.5,
+        }
+    )
     with pytest.raises(StartupConfigError) as err:
         check_startup_config(cfg)
     text = str(err.value)
     assert text.startswith("3 problems in the config:")
-    assert "trainer.use_v1=True" in text and "algorithm.adv_estimator='gae'" in text
+    assert "trainer.v1.trainer_mode='separate_async'" in text and "algorithm.adv_estimator='gae'" in text
     assert "exgrpo.replay_ratio must be a number in [0.0, 1.0)" in text
 
 

@@ -77,6 +77,8 @@ class ExGRPOCpuRun:
     rollout: str = "hf"
     # the interpreter that runs the trainer (default: this one); the vLLM stack lives in .venv-vllm
     python: str | None = None
+    # verl's trainer: "legacy" (RayPPOTrainer, the recipe's default) or "v1" (its v1 trainer, sync mode)
+    trainer: str = "legacy"
     extra_overrides: list[str] = field(default_factory=list)
 
 
@@ -147,6 +149,7 @@ def build_overrides(run: ExGRPOCpuRun, model_path: str, train_file: str, val_fil
         project_name="exgrpo_cpu_demo",
         experiment_name="exgrpo" if run.exgrpo_enable else "onpolicy",
         rollout=run.rollout,
+        use_v1=run.trainer == "v1",
     )
     overrides = cpu_overrides(spec) + [
         # the recipe's reward with its </think> gate on (as for the paper's Qwen-Math runs): the warmed-up model

@@ -46,6 +46,7 @@ from exgrpo.objective import LossSettings
 from recipe.exgrpo import verl_compat
 from recipe.exgrpo.actor_loss import exgrpo_actor_loss
 from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra, replay_response_width, reward_model_colocated
+from recipe.exgrpo.dataproto import as_dataproto, rows_of
 from recipe.exgrpo.legacy.generation import expand_by_counts, generate_with_counts
 from recipe.exgrpo.replay_step import ReplayStep, Rows, StepState, prune_pools
 from recipe.exgrpo.replay_step.fields import QUESTION_ID_KEY, ROW_KEY
@@ -54,16 +55,6 @@ from recipe.exgrpo.tool_turns import ToolCallDetector
 
 #: per row of the old-log-prob pass: its position before padding and balancing (-1 on padding rows)
 PASS_ROW_KEY = "exgrpo_pass_row"
-
-
-def rows_of(batch: DataProto) -> Rows:
-    """A ``DataProto``'s rows for the replay step (the same tensors, arrays and meta dict: nothing is copied)."""
-    return Rows(batch.batch, batch.non_tensor_batch, batch.meta_info)
-
-
-def as_dataproto(rows: Rows) -> DataProto:
-    """The replay step's rows as a ``DataProto`` for verl (the same tensors, arrays and meta dict)."""
-    return DataProto(batch=rows.tensors, non_tensor_batch=rows.columns, meta_info=rows.meta)
 
 
 class RayExGRPOTrainer(RayPPOTrainer):

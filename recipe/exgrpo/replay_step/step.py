@@ -120,6 +120,8 @@ class StepState:
     timing: dict[str, float] = field(default_factory=dict)
     #: the step's record in the trace file (``TRACE_FILE``)
     trace: dict[str, Any] = field(default_factory=dict)
+    #: what the trainer adapter keeps of this step for its own stages (e.g. the rows' keys in its store)
+    adapter: dict[str, Any] = field(default_factory=dict)
     timer: Timer = simple_timer
 
     @property

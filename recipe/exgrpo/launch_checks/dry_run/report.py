@@ -45,6 +45,7 @@ class DryRunReport:
             f"experiment={c.trainer.project_name}/{c.trainer.experiment_name}",
             f"model={c.actor_rollout_ref.model.path}",
             f"gpus={c.trainer.nnodes}x{c.trainer.n_gpus_per_node}",
+            "trainer=" + (f"v1({c.trainer.v1.trainer_mode})" if c.trainer.get("use_v1", False) else "legacy"),
             f"rollout={c.actor_rollout_ref.rollout.name}(tp={c.actor_rollout_ref.rollout.tensor_model_parallel_size})",
             f"B={b} K={k} steps={c.trainer.total_training_steps or f'{c.trainer.total_epochs} epochs'}",
         ]

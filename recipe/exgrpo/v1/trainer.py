@@ -1,0 +1,341 @@
+"""``ExGRPOTrainerV1``: verl's v1 synchronous trainer (``trainer.use_v1=true``, ``trainer.v1.trainer_mode=sync``)
+with ExGRPO's replay step (docs/trainer.md, "The v1 step").
+
+The replay step is the one the legacy adapter runs (``recipe/exgrpo/replay_step/``); this adapter moves a step's rows
+between verl's TransferQueue and the step's :class:`Rows` (``tq_rows.py``) and is its backend. verl's ``fit`` runs
+the loop (validation, the checkpoint cadence, the weight sync of ``on_step_end``, the step's metrics, the clearing of
+the step's keys); ``step`` is ExGRPO's, one :class:`StepState` carried through its stages:
+
+1. ``_submit_questions``: the replay step draws the replayed questions and the fresh prompts; each prompt goes to
+   the agent loop with its own sample count (``__rollout_n__``: K fresh, K−1 replayed);
+2. ``_sample``: verl's replay buffer (a staging queue of generated groups, not experience replay) returns the
+   step's groups once all are generated; the rollout sleeps;
+3. ``_score_and_select``: ONE old-log-prob pass (verl's ``_compute_old_log_prob``, which returns the per-token
+   entropies) over the generated rows and every candidate, put into TransferQueue as rows of their group; the
+   selection; the unselected candidates' rows removed from TransferQueue; the replayed members re-scored;
+4. ``_prepare_update``: the per-row fields the loss reads, the advantages of the mixed groups, written to
+   TransferQueue; the dp balance;
+5. ``_update_policy``: verl's actor update with the mixed loss (installed once, ``on_init_end``);
+6. ``replay.collect``: collection, retirement, the delayed-start check; the replay step's metrics.
+
+The checkpoint holds the pool (``_save_checkpoint`` / ``_load_checkpoint``, pool first), and every stage runs inside
+the stage clock that keeps its deadline, as on the legacy trainer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+
+import numpy as np
+import torch
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
+
+from exgrpo.objective import LossSettings
+from recipe.exgrpo import verl_compat
+from recipe.exgrpo.actor_loss import exgrpo_actor_loss
+from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra, replay_response_width, reward_model_colocated
+from recipe.exgrpo.dataproto import as_dataproto, rows_of
+from recipe.exgrpo.replay_step import ReplayStep, Rows, StepState, prune_pools
+from recipe.exgrpo.replay_step.batch import response_lengths
+from recipe.exgrpo.replay_step.fields import (
+    BEHAVIOUR_LOG_PROBS_KEY,
+    CANDIDATE_KEY,
+    EXPERIENCE_GROUP_KEY,
+    IS_REPLAY_KEY,
+    MIXED_KEY,
+    RATIO_KEY,
+    ROW_KEY,
+)
+from recipe.exgrpo.runtime.stage_deadlines import StageClock, deadlines_from_config
+from recipe.exgrpo.tool_turns import ToolCallDetector
+from recipe.exgrpo.v1.tq_rows import TQ_KEY, jagged, rows_from_tq, split_key, stored_records
+
+PARTITION = "train"
+#: the fields of the kept rows the update and verl's step metrics read beyond what the agent loop wrote
+_RESPONSE_WRITES = ("rm_scores", "advantages", "returns", BEHAVIOUR_LOG_PROBS_KEY)
+_ROW_WRITES = (IS_REPLAY_KEY, MIXED_KEY, RATIO_KEY, EXPERIENCE_GROUP_KEY)
+
+
+def _tq():
+    import transfer_queue as tq
+
+    return tq
+
+
+def _batch_meta(keys, tags):
+    from transfer_queue import KVBatchMeta
+
+    return KVBatchMeta(keys=list(keys), tags=[dict(t) for t in tags], partition_id=PARTITION)
+
+
+class ExGRPOTrainerV1(PPOTrainerSync):
+    """verl's v1 synchronous trainer with the ExGRPO replay step between rollout and actor update."""
+
+    #: the task runner's watchdog (``stage_deadlines.StageSupervisor``) puts its own clock here
+    stage_clock: StageClock = StageClock()
+    replay: ReplayStep
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.stage_clock = StageClock(deadlines_from_config(config))
+        self.actor_log_prob_calls = 0
+
+    # ------------------------------------------------------------------ start-up
+    def _init_dataloader(self):
+        super()._init_dataloader()
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        if not hasattr(self.train_dataset, "question_ids"):
+            raise TypeError(
+                "ExGRPO needs data.custom_cls = recipe/exgrpo/dataset.py:ExGRPODataset (stable question ids); got "
+                f"{type(self.train_dataset).__name__}"
+            )
+        self.collate_fn = collate_fn
+        self.replay = ReplayStep(
+            exgrpo_config_from_hydra(self.config),
+            questions_per_step=int(self.config.data.train_batch_size),
+            question_ids=self.train_dataset.question_ids,
+            row_of_question=self.train_dataset.row_of(),
+            epoch_batches=self._loader_batches,
+            pad_token_id=self.tokenizer.pad_token_id,
+            response_width=replay_response_width(self.config),
+            ends_in_tool_call=ToolCallDetector.from_config(self.config, self.tokenizer),
+            colocated_reward_model=reward_model_colocated(self.config),
+            norm_adv_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
+            trace_dir=self.config.trainer.default_local_dir,
+        )
+
+    def _loader_batches(self):
+        """The dataset rows of each batch of one pass of verl's data loader (which keeps its own position)."""
+        return ([int(r) for r in batch_dict[ROW_KEY]] for batch_dict in self.train_dataloader)
+
+    def on_init_end(self):
+        # Installed once, as on the legacy trainer: the mixed loss in every actor worker.
+        from verl.utils.config import omega_conf_to_dataclass
+
+        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=LossSettings.from_config(self.replay.cfg))
+        self.actor_rollout_wg.set_loss_fn(loss_fn)
+        compute_log_prob = self.actor_rollout_wg.compute_log_prob
+
+        def counted_compute_log_prob(*args, **kwargs):
+            self.actor_log_prob_calls += 1
+            return compute_log_prob(*args, **kwargs)
+
+        self.actor_rollout_wg.compute_log_prob = counted_compute_log_prob
+        with self.stage_clock.stage("weight_sync", self.global_steps):
+            super().on_init_end()
+
+    def on_step_end(self):
+        with self.stage_clock.stage("weight_sync", self.global_steps):
+            super().on_step_end()
+
+    # ------------------------------------------------------------------ checkpoint, validation
+    def _save_checkpoint(self):
+        import os
+
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        with self.stage_clock.stage("save_checkpoint", self.global_steps):
+            self.replay.save(folder, self.global_steps)  # the pool first: verl's tracker file is written last
+            super()._save_checkpoint()
+        removed = prune_pools(self.config.trainer.default_local_dir, self.config.trainer.get("max_actor_ckpt_to_keep"))
+        if removed:
+            print(f"[exgrpo] removed the pools of older checkpoints (trainer.max_actor_ckpt_to_keep): {removed}")
+
+    def _load_checkpoint(self):
+        import os
+
+        super()._load_checkpoint()
+        if self.global_steps == 0:  # nothing was resumed
+            return
+        if self.config.trainer.resume_mode == "resume_path":
+            folder = self.config.trainer.resume_from_path
+        else:
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        self.replay.restore(os.path.abspath(folder), self.global_steps)
+
+    def _validate(self):
+        with self.stage_clock.stage("validate", self.global_steps):
+            return super()._validate()
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        """verl's step metrics, and the rows of the train partition that are not the step's batch (which ``fit``
+        clears next): a candidate or padding row the step left behind would stay in TransferQueue for good
+        (``exgrpo/v1/leaked_rows``, 0 every step; prompt entries, the agent loop's own, are not counted)."""
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        listed = _tq().kv_list(PARTITION).get(PARTITION, {})
+        step_keys = set(batch.keys)
+        leaked = [k for k, tag in listed.items() if k not in step_keys and not (tag or {}).get("is_prompt", False)]
+        metrics["exgrpo/v1/leaked_rows"] = len(leaked)
+        metrics["exgrpo/v1/prompt_entries"] = sum(1 for tag in listed.values() if (tag or {}).get("is_prompt", False))
+
+    # ------------------------------------------------------------------ the replay step's backend
+    def log_probs_and_entropies(self, rows: Rows, state: StepState) -> Rows:
+        """verl's old-log-prob pass over every row in one call (``ReplayBackend``): the candidate rows go into
+        TransferQueue first, as rows of their question's group; the batch is balanced (and padded) across dp ranks;
+        the log-probs and entropies come back in the rows' order and the padding rows are removed."""
+        tq = _tq()
+        keys = list(rows.columns[TQ_KEY])
+        tags_of = dict(state.adapter["tags"])
+        has_candidates = CANDIDATE_KEY in rows.tensors.keys()
+        candidates = torch.nonzero(rows.tensors[CANDIDATE_KEY] >= 0).flatten().tolist() if has_candidates else []
+        if candidates:
+            template_keys = [keys[r] for r in candidates]  # each candidate row carries its template's key
+            unique = list(dict.fromkeys(template_keys))
+            fetched = tq.kv_batch_get(keys=unique, partition_id=PARTITION)
+            record_of = {key: fetched[i] for i, key in enumerate(unique)}
+            steps = [c.step for group in state.plan.candidates for c in group]
+            new_keys, fields, tags = stored_records(
+                rows,
+                [record_of[key] for key in template_keys],
+                [tags_of[k] for k in template_keys],
+                steps,
+                self.replay.k,
+            )
+            from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+            tq.kv_batch_put(keys=new_keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags)
+            for r, key, tag in zip(candidates, new_keys, tags):
+                keys[r] = key
+                tags_of[key] = tag
+            rows.columns[TQ_KEY] = np.asarray(keys, dtype=object)
+            state.adapter["candidate_keys"] = new_keys
+        state.adapter["tags"] = tags_of
+        batch = _batch_meta(keys, [tags_of[k] for k in keys])
+        batch = verl_compat.v1_balance_batch(self, batch, state.metrics, "exgrpo/old_log_prob_seqlen")
+        with self.stage_clock.stage("old_log_prob", state.step):
+            verl_compat.v1_old_log_probs(self, batch, state.metrics)
+        padding = [k for k in batch.keys if k not in tags_of]
+        if padding:
+            tq.kv_clear(keys=padding, partition_id=PARTITION)
+        data = tq.kv_batch_get(keys=keys, partition_id=PARTITION, select_fields=["old_log_probs", "entropy"])
+        width = rows.tensors["responses"].shape[1]
+        out = rows_from_tq_fields(data, width)
+        rows.tensors["old_log_probs"] = out["old_log_probs"]
+        rows.tensors["entropys"] = out["entropy"]
+        return rows
+
+    def score_rows(self, rows: Rows, state: StepState) -> Rows:
+        """verl's reward loop on ``rows`` (the reward function, or the reward model it wakes and puts to sleep)."""
+        with self.stage_clock.stage("reward", state.step):
+            return rows_of(self.reward_loop_manager.compute_rm_score(as_dataproto(rows)))
+
+    # ------------------------------------------------------------------ the stages of a step
+    def step(self, metrics: dict, timing_raw: dict):
+        """One ExGRPO step on the v1 trainer (module docstring); returns the batch of the step's kept rows, which
+        verl's ``fit`` reads for its metrics and then clears from TransferQueue."""
+        state = self.replay.begin(self.global_steps, self.global_steps >= self.total_training_steps, marked_timer)
+        state.metrics, state.timing = metrics, timing_raw
+        calls_before = self.actor_log_prob_calls
+        self._submit_questions(state)
+        self._sample(state)
+        self._score_and_select(state)
+        batch = self._prepare_update(state)
+        self._update_policy(state, batch)
+        self.replay.collect(state)
+        state.actor_calls = self.actor_log_prob_calls - calls_before
+        metrics.update(self.replay.metrics(state))
+        return batch
+
+    def _submit_questions(self, state: StepState) -> None:
+        """The replay step's draw, as one prompt batch to verl's agent loop: a new uid per prompt (no ``_``: v1 parses
+        the key ``{uid}_{session}_{index}``), the sample count of each (``__rollout_n__``)."""
+        from verl.utils import tensordict_utils as tu
+
+        rows = self.replay.draw(state)
+        batch_dict = self.collate_fn([self.train_dataset[r] for r in rows])
+        uids = [uuid.uuid4().hex for _ in rows]
+        batch_dict["uid"] = np.array(uids, dtype=object)
+        batch_dict["__rollout_n__"] = np.array([int(c) for c in state.counts], dtype=object)
+        batch = tu.get_tensordict(batch_dict)
+        tu.assign_non_tensor_data(batch, "global_steps", state.step)
+        state.adapter["uids"] = uids
+        verl_compat.v1_submit_prompts(self, batch)
+
+    def _sample(self, state: StepState) -> None:
+        """The step's generated groups from verl's replay buffer, once every one is complete; the rollout sleeps.
+        Sets ``state.rows``: fresh groups first, then the replayed ones, in the draw's order (the order the replay
+        step's rows follow), each group's sessions in order."""
+        tq = _tq()
+        with self.stage_clock.stage("generate", state.step), state.timed("gen"):
+            self.on_sample_begin()
+            batch, off_policy_metrics = self.replay_buffer.sample(
+                global_steps=state.step, partition_id=PARTITION, batch_size=self.replay.questions_per_step
+            )
+            state.metrics.update(off_policy_metrics)
+            self.on_sample_end()
+        position = {uid: i for i, uid in enumerate(state.adapter["uids"])}
+        parsed = [split_key(k) for k in batch.keys]
+        unknown = sorted({uid for uid, _, _ in parsed if uid not in position})
+        if unknown:
+            raise RuntimeError(f"the replay buffer returned groups this step did not submit: {unknown[:3]}")
+        order = sorted(range(len(batch.keys)), key=lambda i: (position[parsed[i][0]], parsed[i][1], parsed[i][2]))
+        keys = [batch.keys[i] for i in order]
+        tags = [batch.tags[i] for i in order]
+        counts = [sum(1 for uid, _, _ in parsed if uid == u) for u in state.adapter["uids"]]
+        if counts != [int(c) for c in state.counts]:
+            raise RuntimeError(
+                f"the agent loop returned {counts} trajectories per prompt where the step asked for "
+                f"{[int(c) for c in state.counts]} (one output per session is supported)"
+            )
+        state.adapter["tags"] = dict(zip(keys, tags))
+        data = tq.kv_batch_get(keys=keys, partition_id=PARTITION)
+        state.rows = rows_from_tq(data, keys, self.tokenizer.pad_token_id, self.replay.response_width)
+
+    def _score_and_select(self, state: StepState) -> None:
+        """The one old-log-prob pass with the selection and the replayed members' rewards (``ReplayStep``), then the
+        unselected candidates' rows out of TransferQueue."""
+        self.replay.score_and_select(state, state.rows, backend=self)
+        kept = set(state.rows.columns[TQ_KEY])
+        dropped = [k for k in state.adapter.get("candidate_keys", []) if k not in kept]
+        if dropped:
+            _tq().kv_clear(keys=dropped, partition_id=PARTITION)
+        self.replay.write_trace(state.trace)
+
+    def _prepare_update(self, state: StepState):
+        """The per-row fields the loss reads, the rewards and the group-relative advantages of the mixed groups, into
+        TransferQueue for the kept rows; then verl's dp balance (with its padding rows, given neutral fields)."""
+        tq = _tq()
+        self.replay.mark_update_rows(state)
+        rows = state.rows
+        reward_extra_infos = {k: list(rows.columns[k]) for k in rows.meta.get("reward_extra_keys", [])}
+        with state.timed("reward"):
+            state.metrics.update(self.replay.reward_health(reward_extra_infos))
+        with state.timed("adv"):
+            self.replay.advantages(state, rows.tensors["rm_scores"], reward_extra_infos)
+        keys = list(rows.columns[TQ_KEY])
+        lengths = response_lengths(rows).tolist()
+        from tensordict import TensorDict
+
+        fields = {name: jagged(rows.tensors[name], lengths) for name in _RESPONSE_WRITES}
+        fields.update({name: rows.tensors[name] for name in _ROW_WRITES})
+        tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=len(keys)))
+        tags_of = state.adapter["tags"]
+        batch = _batch_meta(keys, [tags_of[k] for k in keys])
+        batch = verl_compat.v1_balance_batch(self, batch, state.metrics, "global_seqlen")
+        padding = [(k, t) for k, t in zip(batch.keys, batch.tags) if t.get("is_padding", False)]
+        if padding:  # verl's padding rows copy the first row's fields: give them neutral ones of their own length
+            n_pad = [int(t["response_len"]) for _, t in padding]
+            zeros = torch.zeros(len(padding), max(n_pad))
+            neutral = {name: jagged(zeros, n_pad) for name in _RESPONSE_WRITES}
+            neutral.update({name: torch.zeros(len(padding), dtype=rows.tensors[name].dtype) for name in _ROW_WRITES})
+            tq.kv_batch_put(
+                keys=[k for k, _ in padding],
+                partition_id=PARTITION,
+                fields=TensorDict(neutral, batch_size=len(padding)),
+            )
+        return batch
+
+    def _update_policy(self, state: StepState, batch) -> None:
+        """verl's actor update; the mixed loss was installed in every worker at start-up (``on_init_end``)."""
+        with self.stage_clock.stage("update", state.step), state.timed("update_actor"):
+            verl_compat.v1_update_actor(self, batch, state.metrics)
+
+
+def rows_from_tq_fields(data, width: int) -> dict[str, torch.Tensor]:
+    """The jagged per-response-token fields of ``data``, right-padded with zeros to ``width``."""
+    from recipe.exgrpo.v1.tq_rows import padded
+
+    return {name: padded(list(data.get(name).unbind()), width) for name in data.keys()}
