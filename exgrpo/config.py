@@ -172,6 +172,11 @@ class ExGRPOConfig:
         choices=RESUME_POOL_CHOICES,
         help="on resume: the pool must be in the checkpoint (required) or a missing one starts empty (empty)",
     )
+    trace_rows: bool = setting(
+        False,
+        help="also write every row of each step into exgrpo_trace.jsonl (question, response digest, reward, "
+        "advantage): an audit trail of what was trained on, about 100 bytes per row",
+    )
 
     # --- question sampling (§4)
     weighting: str = setting(

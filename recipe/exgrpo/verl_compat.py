@@ -55,6 +55,7 @@ __all__ = [
     "v1_submit_prompts",
     "v1_update_actor",
     "validate",
+    "worker_dp_size",
 ]
 
 #: The versions every name below was checked on (the CPU venvs and the GPU lock's verl).
@@ -73,6 +74,14 @@ def gen_batch(trainer: Any, batch: Any) -> Any:
 def dp_size(trainer: Any, worker_group: Any, role: str) -> int:
     """The data-parallel size of ``worker_group`` for ``role`` (``RayPPOTrainer._get_dp_size``)."""
     return trainer._get_dp_size(worker_group, role)
+
+
+def worker_dp_size(worker_group: Any, role: str) -> int:
+    """The data-parallel size of ``worker_group`` for ``role``, for either trainer (``RayPPOTrainer._get_dp_size``,
+    which reads only the worker group)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    return RayPPOTrainer._get_dp_size(None, worker_group, role)
 
 
 def balance_batch(trainer: Any, batch: Any, metrics: dict, logging_prefix: str = "global_seqlen") -> None:
@@ -325,7 +334,7 @@ _ADAPTER = "verl.workers.rollout.vllm_rollout.vllm_rollout:ServerAdapter"
 #: Every private name this module reaches, and the private methods the recipe's subclasses override.
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("verl", _TRAINER, "_get_gen_batch", "gen_batch", ("self", "batch")),
-    PrivateName("verl", _TRAINER, "_get_dp_size", "dp_size", ("self", "worker_group", "role")),
+    PrivateName("verl", _TRAINER, "_get_dp_size", "dp_size, worker_dp_size", ("self", "worker_group", "role")),
     PrivateName("verl", _TRAINER, "_balance_batch", "balance_batch", ("self", "batch", "metrics", "logging_prefix")),
     PrivateName("verl", _TRAINER, "_compute_old_log_prob", "old_log_probs", ("self", "batch")),
     PrivateName("verl", _TRAINER, "_update_actor", "update_actor", ("self", "batch")),

@@ -49,8 +49,8 @@ class _Loader:
         self.position = 0
 
 
-def _replay_step(tmp_path, experience=None, loader=None) -> ReplayStep:
-    cfg = ExGRPOConfig.from_dict({"delayed_start_threshold": -1.0, "replay_ratio": 0.5, "seed": 1}, k=K)
+def _replay_step(tmp_path, experience=None, loader=None, **settings) -> ReplayStep:
+    cfg = ExGRPOConfig.from_dict({"delayed_start_threshold": -1.0, "replay_ratio": 0.5, "seed": 1, **settings}, k=K)
     return ReplayStep(
         cfg,
         questions_per_step=4,
@@ -83,7 +83,6 @@ def _run_step(replay, step, rng, passes, backend):
     responses = _responses(rows, state.counts, rng, passes)
     generated = prompt_rows([_prompt(r) for r in rows], state.counts, responses, [QUESTIONS[r] for r in rows])
     replay.score_and_select(state, generated, backend)
-    replay.write_trace(state.trace)
     replay.mark_update_rows(state)
     replay.advantages(state, state.rows.tensors["rm_scores"], None)
     replay.collect(state)
@@ -143,6 +142,28 @@ def test_two_steps_through_a_fake_backend(tmp_path):
     trace = [json.loads(line) for line in (tmp_path / TRACE_FILE).read_text().splitlines()]
     assert [r["step"] for r in trace] == [1, 2] and trace[1]["replay_question_ids"] == plan.question_ids
     assert len(trace[1]["replayed_members"]) == 2
+
+
+def test_trace_rows_records_every_row_trained_on(tmp_path):
+    """exgrpo.trace_rows: each step's record holds every row (question, digests, reward, advantage), sorted so that
+    two runs compare whatever their row order; off by default."""
+    rng = np.random.default_rng(5)
+    replay = _replay_step(tmp_path, trace_rows=True)
+    _run_step(replay, 1, rng, PASSES, FakeBackend())
+    state, _ = _run_step(replay, 2, rng, {}, FakeBackend())
+    records = state.trace["rows"]
+    assert len(records) == len(state.rows) == 4 * K
+    assert records == sorted(records, key=lambda r: (r["question"], r["replayed"], r["tokens_sha"], r["mask_sha"]))
+    assert sum(r["replayed"] for r in records) == len(state.plan) == 2
+    rewards = state.rows.tensors["rm_scores"].sum(-1).tolist()
+    assert sorted(r["reward"] for r in records) == sorted(rewards)
+    assert sum(r["advantage"] for r in records) == pytest.approx(0.0, abs=1e-6)  # zero-sum groups
+    trace = [json.loads(line) for line in (tmp_path / TRACE_FILE).read_text().splitlines()]
+    assert [len(r["rows"]) for r in trace] == [4 * K, 4 * K]
+    plain = tmp_path / "plain"
+    replay = _replay_step(plain)
+    _run_step(replay, 1, np.random.default_rng(5), PASSES, FakeBackend())
+    assert "rows" not in json.loads((plain / TRACE_FILE).read_text().splitlines()[0])
 
 
 def test_the_checkpoint_restores_the_pool_and_the_fresh_prompts(tmp_path):

@@ -218,7 +218,6 @@ class RayExGRPOTrainer(RayPPOTrainer):
     def _score_and_select(self, state: StepState) -> None:
         """The one old-log-prob pass with the selection and the replayed members' rewards (``ReplayStep``)."""
         self.replay.score_and_select(state, state.rows, backend=self)
-        self.replay.write_trace(state.trace)
 
     def _prepare_update(self, state: StepState) -> None:
         """The per-row fields of the step that travel with every micro-batch to the loss, and the dp balance."""

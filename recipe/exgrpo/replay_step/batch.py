@@ -375,3 +375,33 @@ def replayed_row_digests(batch: Rows) -> list[dict]:
             }
         )
     return out
+
+
+def row_records(batch: Rows, scores: np.ndarray) -> list[dict]:
+    """Per row of a step (after the advantages), what was trained on: its question, whether it is the replayed member,
+    SHA-256 (16 hex digits) of its response tokens and of its loss mask over the response's length, its reward, its
+    advantage and the sum of its old log-probs over the mask (``exgrpo.trace_rows``). Sorted by question, then
+    replayed last, then digest: two adapters' rows compare record by record whatever their row order."""
+    lengths = response_lengths(batch).tolist()
+    b = batch.tensors
+    mask = b["response_mask"].bool()
+    old = b["old_log_probs"].double().masked_fill(~mask, 0.0).sum(-1).tolist()
+    adv = b["advantages"].double()
+    first = mask.float().argmax(dim=-1)
+    advantages = adv[torch.arange(len(batch)), first].tolist()
+    replayed = b[IS_REPLAY_KEY].bool().tolist()
+    qids = batch.columns[QUESTION_ID_KEY]
+    out = []
+    for i, n in enumerate(lengths):
+        out.append(
+            {
+                "question": str(qids[i]),
+                "replayed": bool(replayed[i]),
+                "tokens_sha": _sha(b["responses"][i, :n].numpy().astype(np.int32)),
+                "mask_sha": _sha(b["response_mask"][i, :n].numpy().astype(np.uint8)),
+                "reward": float(scores[i]),
+                "advantage": float(advantages[i]),
+                "old_log_prob_sum": float(old[i]),
+            }
+        )
+    return sorted(out, key=lambda r: (r["question"], r["replayed"], r["tokens_sha"], r["mask_sha"]))

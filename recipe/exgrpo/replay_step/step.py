@@ -53,6 +53,7 @@ from recipe.exgrpo.replay_step.batch import (
     mark_fresh,
     mark_replay_groups,
     replayed_row_digests,
+    row_records,
     selected_candidate_indices,
 )
 from recipe.exgrpo.replay_step.fields import CANDIDATE_KEY, ENTROPY_KEY, IS_REPLAY_KEY, MIXED_KEY
@@ -373,7 +374,8 @@ class ReplayStep:
     # ------------------------------------------------------------------ 7. collection
     def collect(self, state: StepState) -> None:
         """Collection into the pool and retirement (docs/algorithm.md §3), then the delayed-start check on the batch
-        pass rate (§9) and the re-add ablation. Sets ``state.pass_rate``."""
+        pass rate (§9) and the re-add ablation. Sets ``state.pass_rate``. The step ends here: its record goes into the
+        trace file (with every row's, under ``exgrpo.trace_rows``)."""
         rows, scores = state.rows, state.scores
         with state.timed("exgrpo_collect"):
             if self.cfg.enable:
@@ -386,6 +388,9 @@ class ReplayStep:
                 state.metrics.update(tool_turn_metrics(scores, rows.tensors["response_mask"].numpy(), generated))
             self.experience.observe_rewards(scores, state.step)  # the pass rate, or §13's signal
             self.experience.readd_retired(state.step)
+        if self.cfg.trace_rows:
+            state.trace["rows"] = row_records(rows, scores)
+        self.write_trace(state.trace)
 
     # ------------------------------------------------------------------ 8. metrics, checkpoint
     def metrics(self, state: StepState) -> dict[str, Any]:

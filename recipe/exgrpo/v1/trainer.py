@@ -292,40 +292,64 @@ class ExGRPOTrainerV1(PPOTrainerSync):
         dropped = [k for k in state.adapter.get("candidate_keys", []) if k not in kept]
         if dropped:
             _tq().kv_clear(keys=dropped, partition_id=PARTITION)
-        self.replay.write_trace(state.trace)
 
     def _prepare_update(self, state: StepState):
-        """The per-row fields the loss reads, the rewards and the group-relative advantages of the mixed groups, into
-        TransferQueue for the kept rows; then verl's dp balance (with its padding rows, given neutral fields)."""
+        """The update's batch: the kept rows in the update's order (with verl's padding rows where its dispatch needs
+        them), and in TransferQueue the per-row fields the loss reads, the rewards and the group-relative advantages of
+        the mixed groups (neutral ones for padding rows)."""
+        from tensordict import TensorDict
+
         tq = _tq()
+        keys = list(state.rows.columns[TQ_KEY])
+        tags_of = state.adapter["tags"]
+        batch = self._balance_for_update(_batch_meta(keys, [tags_of[k] for k in keys]), state.metrics)
+        # the rows in the update's order, which is the legacy trainer's: the pool takes the groups in this order when
+        # it collects them (its insertion order, which the bucket sampler's draw follows)
+        index_of = {k: i for i, k in enumerate(keys)}
+        state.rows = rows = state.rows.select([index_of[k] for k in batch.keys if k in index_of])
         self.replay.mark_update_rows(state)
-        rows = state.rows
         reward_extra_infos = {k: list(rows.columns[k]) for k in rows.meta.get("reward_extra_keys", [])}
         with state.timed("reward"):
             state.metrics.update(self.replay.reward_health(reward_extra_infos))
         with state.timed("adv"):
             self.replay.advantages(state, rows.tensors["rm_scores"], reward_extra_infos)
-        keys = list(rows.columns[TQ_KEY])
         lengths = response_lengths(rows).tolist()
-        from tensordict import TensorDict
-
         fields = {name: jagged(rows.tensors[name], lengths) for name in _RESPONSE_WRITES}
         fields.update({name: rows.tensors[name] for name in _ROW_WRITES})
-        tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=len(keys)))
-        tags_of = state.adapter["tags"]
-        batch = _batch_meta(keys, [tags_of[k] for k in keys])
-        batch = verl_compat.v1_balance_batch(self, batch, state.metrics, "global_seqlen")
+        real_keys = list(rows.columns[TQ_KEY])
+        tq.kv_batch_put(keys=real_keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=len(rows)))
         padding = [(k, t) for k, t in zip(batch.keys, batch.tags) if t.get("is_padding", False)]
         if padding:  # verl's padding rows copy the first row's fields: give them neutral ones of their own length
             n_pad = [int(t["response_len"]) for _, t in padding]
             zeros = torch.zeros(len(padding), max(n_pad))
             neutral = {name: jagged(zeros, n_pad) for name in _RESPONSE_WRITES}
             neutral.update({name: torch.zeros(len(padding), dtype=rows.tensors[name].dtype) for name in _ROW_WRITES})
-            tq.kv_batch_put(
-                keys=[k for k, _ in padding],
-                partition_id=PARTITION,
-                fields=TensorDict(neutral, batch_size=len(padding)),
-            )
+            pad_keys = [k for k, _ in padding]
+            tq.kv_batch_put(keys=pad_keys, partition_id=PARTITION, fields=TensorDict(neutral, batch_size=len(pad_keys)))
+        return batch
+
+    def _balance_for_update(self, batch, metrics: dict):
+        """The update's batch padded to what its dispatch needs (whole mini-batches on every dp rank; verl's padding
+        rows) and ordered as the legacy trainer orders it (``RayPPOTrainer._balance_batch``: rows balanced across the
+        dp ranks by token count, each rank's rows sorted by workload with the smallest at both ends), so both adapters
+        train on the same micro-batches."""
+        import math
+
+        from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+        from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
+
+        dp = verl_compat.worker_dp_size(self.actor_rollout_wg, "actor")
+        rollout_n = int(self.config.actor_rollout_ref.rollout.n)
+        multiple = math.lcm(dp, int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * rollout_n)
+        batch = upsample_batch_to_divisible_size(batch, multiple, self.tokenizer.eos_token_id)
+        seqlens = [int(tag["seq_len"]) for tag in batch.tags]
+        workload = calculate_workload(torch.tensor(seqlens, dtype=torch.int64))
+        partitions = get_seqlen_balanced_partitions(workload, k_partitions=dp, equal_size=True)
+        for i, part in enumerate(partitions):
+            part.sort(key=lambda x: (workload[x], x))
+            partitions[i] = part[::2] + part[1::2][::-1]
+        batch.reorder([j for part in partitions for j in part])
+        metrics.update(log_seqlen_unbalance(seqlen_list=seqlens, partitions=partitions, prefix="global_seqlen"))
         return batch
 
     def _update_policy(self, state: StepState, batch) -> None:
