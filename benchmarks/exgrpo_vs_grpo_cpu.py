@@ -2,6 +2,7 @@
 
     python benchmarks/exgrpo_vs_grpo_cpu.py [--steps 12] [--repeats 3] [--out outputs/bench_exgrpo_vs_grpo]
     python benchmarks/exgrpo_vs_grpo_cpu.py --rollout vllm [--vllm-python .venv-vllm/bin/python] [--repeats 2]
+    python benchmarks/exgrpo_vs_grpo_cpu.py --trainer both [--rollout vllm]   # verl's legacy and v1 trainers
 
 Both arms run the real verl trainer through ``recipe.exgrpo.main_exgrpo`` (on-policy = ``exgrpo.enable=false``)
 with the same model, data, batch and seed. Replay starts at step 1 (delayed start off) so every measured ExGRPO
@@ -15,7 +16,9 @@ ratio ExGRPO / GRPO of the median step times. The paper's release costs +19.0% p
 
 ``--rollout vllm`` runs both arms on verl's vLLM rollout (the vLLM CPU stack of ``scripts/setup_env.sh --vllm``, its
 head-32 tiny model): the closer stand-in for a GPU step, where the generation that replay saves (K-1 instead of K
-samples for a replayed question) goes through the real engine.
+samples for a replayed question) goes through the real engine. ``--trainer v1`` runs both arms on verl's v1 trainer
+(``trainer.use_v1=true``); ``--trainer both`` runs the four arms (GRPO and ExGRPO on each trainer) alternating, and
+prints the table and the ratio per trainer.
 """
 
 from __future__ import annotations
@@ -47,7 +50,14 @@ PER_STEP = {
 
 
 def run_once(
-    name: str, enable: bool, steps: int, out: Path, assets, rollout: str = "hf", python: str | None = None
+    name: str,
+    enable: bool,
+    steps: int,
+    out: Path,
+    assets,
+    rollout: str = "hf",
+    python: str | None = None,
+    trainer: str = "legacy",
 ) -> dict:
     """One training run; returns its measured steps' figures (lists, one value per step) and run totals."""
     run = ExGRPOCpuRun(
@@ -59,6 +69,7 @@ def run_once(
         ray_temp_dir=tempfile.mkdtemp(prefix="exgb-", dir="/tmp"),
         rollout=rollout,
         python=python,
+        trainer=trainer,
     )
     result = launch(run, assets, echo=False)
     if result.returncode != 0:
@@ -82,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="default outputs/bench_exgrpo_vs_grpo[_vllm]")
     parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf", help="the rollout both arms run on")
     parser.add_argument(
+        "--trainer",
+        choices=("legacy", "v1", "both"),
+        default="legacy",
+        help="verl's trainer the arms run on (both: GRPO and ExGRPO on each)",
+    )
+    parser.add_argument(
         "--vllm-python",
         default=str(VLLM_PYTHON),
         help="the interpreter of the vLLM CPU stack (--rollout vllm)",
@@ -96,10 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     assets = ensure_assets(asset_spec(args.rollout))
     suffix = "_vllm" if args.rollout == "vllm" else ""
     out = Path(args.out or REPO / "outputs" / f"bench_exgrpo_vs_grpo{suffix}")
-    runs: dict[str, list[dict]] = {"grpo": [], "exgrpo": []}
+    trainers = ("legacy", "v1") if args.trainer == "both" else (args.trainer,)
+    arms = [
+        (f"{name}{'' if len(trainers) == 1 else '_' + tr}", enable, tr)
+        for tr in trainers
+        for name, enable in (("grpo", False), ("exgrpo", True))
+    ]
+    runs: dict[str, list[dict]] = {arm: [] for arm, _, _ in arms}
     for rep in range(args.repeats):
-        for name, enable in (("grpo", False), ("exgrpo", True)):
-            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python)
+        for name, enable, trainer in arms:
+            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python, trainer)
             runs[name].append(r)
             print(
                 f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
@@ -122,24 +145,29 @@ def main(argv: list[str] | None = None) -> int:
         ("start-up s", lambda n: statistics.median(r["startup_s"] for r in runs[n]), 12, 1),
         ("peak RSS GiB", lambda n: max(r["peak_rss_gib"] for r in runs[n]), 14, 2),
     ]
-    n_steps = len(runs["grpo"][0]["step_s"])
+    n_steps = len(next(iter(runs.values()))[0]["step_s"])
     print(
         f"\n{args.rollout} rollout: {args.repeats} runs per arm x {n_steps} measured steps, pooled "
         "(medians unless marked)"
     )
-    print(f"{'arm':<8}" + "".join(f"{title:>{width}}" for title, _, width, _ in cols))
+    width = max(8, max(len(n) for n in runs) + 1)
+    print(f"{'arm':<{width}}" + "".join(f"{title:>{w}}" for title, _, w, _ in cols))
     for name in runs:
-        print(f"{name:<8}" + "".join(f"{fn(name):>{width}.{dp}f}" for _, fn, width, dp in cols))
+        print(f"{name:<{width}}" + "".join(f"{fn(name):>{w}.{dp}f}" for _, fn, w, dp in cols))
     print(
         "per-run median s/step: "
         + "; ".join(f"{n}: " + ", ".join(f"{statistics.median(r['step_s']):.3f}" for r in runs[n]) for n in runs)
     )
-    ratio = statistics.median(pooled("exgrpo", "step_s")) / statistics.median(pooled("grpo", "step_s"))
-    mean_ratio = statistics.mean(pooled("exgrpo", "step_s")) / statistics.mean(pooled("grpo", "step_s"))
-    print(
-        f"\nExGRPO / GRPO seconds per step: {ratio:.3f} (medians; {(ratio - 1) * 100:+.1f}%), {mean_ratio:.3f} "
-        f"(means); paper's release at 7B: +19.0%."
-    )
+    print()
+    for trainer in trainers:
+        suffix = "" if len(trainers) == 1 else f"_{trainer}"
+        grpo, exgrpo = f"grpo{suffix}", f"exgrpo{suffix}"
+        ratio = statistics.median(pooled(exgrpo, "step_s")) / statistics.median(pooled(grpo, "step_s"))
+        mean_ratio = statistics.mean(pooled(exgrpo, "step_s")) / statistics.mean(pooled(grpo, "step_s"))
+        print(
+            f"ExGRPO / GRPO seconds per step on verl's {trainer} trainer: {ratio:.3f} (medians; "
+            f"{(ratio - 1) * 100:+.1f}%), {mean_ratio:.3f} (means); paper's release at 7B: +19.0%."
+        )
     return 0
 
 

@@ -9,7 +9,7 @@
 # in .venv-vllm on first use (about 7 minutes, 4.1 GB) and writes to outputs/cpu_demo_vllm (docs/cpu_backend.md).
 # --tools runs the calculator task instead: verl's tool agent loop with an exact calculator function tool, on a tiny
 # model whose warm-up taught it the call (its own build, once), printing and drawing the call rate per level
-# (outputs/cpu_demo_tools; docs/tools.md).
+# (outputs/cpu_demo_tools; docs/tools.md). --trainer v1 runs it on verl's v1 trainer instead of the legacy one.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rollout=hf

@@ -1,7 +1,9 @@
-"""ExGRPO through the real verl trainer on CPU (slow): replay reaches the loss, the pool grows, replay groups
+"""ExGRPO through the real verl trainers on CPU (slow): replay reaches the loss, the pool grows, replay groups
 have K members, a step with replay makes as many actor forward calls as one without (the candidates ride in the
-old-log-prob pass), the pool inspector reads the run's checkpoints, and a resumed run restores exactly what was
-saved and draws what an uninterrupted run draws, and logs the same metrics for the two steps after the resume."""
+old-log-prob pass), the pool inspector reads the run's checkpoints; the same run on verl's v1 trainer trains on the
+same rows with the same rewards, advantages, selections and loss as on the legacy trainer, leaves nothing behind
+in TransferQueue, and a resumed v1 run restores exactly what was saved and draws what the uninterrupted run draws, and
+logs the same metrics for the two steps after the resume."""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, read_metrics
-from tests.e2e.helpers import assert_resume_repeats_the_next_draw, assert_same_metrics, launch_ok, read_trace
+from tests.e2e.helpers import (
+    assert_resume_repeats_the_next_draw,
+    assert_same_metrics,
+    launch_ok,
+    read_trace,
+    step_record,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -33,6 +41,7 @@ def _run(tmp: Path, name: str, ray_temp_dir: str, **kw) -> tuple[Path, list[dict
         delayed_start_threshold=-1.0,  # mixed from step 1: the pool collected at step 1 is replayed from step 2
         wall_limit_s=720,
         ray_temp_dir=ray_temp_dir,
+        extra_overrides=["exgrpo.trace_rows=true"],  # every row of every step in the trace: the parity check reads it
         **kw,
     )
     launch_ok(run, name=name)
@@ -103,15 +112,68 @@ def test_the_pool_inspector_reads_the_runs_checkpoints(uninterrupted, tmp_path, 
     assert len(stored) == summary["trajectories"] and all(r["text"] and r["token_ids"] for r in stored)
 
 
+@pytest.fixture(scope="module")
+def on_v1(tmp_path_factory, new_ray_temp_dir, cpu_assets):
+    """The same run on verl's v1 trainer (trainer.use_v1=true, sync mode)."""
+    tmp = tmp_path_factory.mktemp("exgrpo_v1")
+    return _run(tmp, "v1", new_ray_temp_dir(), save_freq=2, trainer="v1")
+
+
 @pytest.mark.timeout(900)
-def test_resume_restores_state_and_repeats_the_next_draw(uninterrupted, tmp_path_factory, new_ray_temp_dir):
-    out_u, _ = uninterrupted
+def test_the_v1_trainer_replays_in_one_pass_and_leaves_nothing_in_transfer_queue(on_v1):
+    out, metrics = on_v1
+    steps = [m for m in metrics if "exgrpo/batch_pass_rate" in m]
+    assert len(steps) == STEPS and [m["step"] for m in steps] == list(range(1, STEPS + 1))
+    assert [m["exgrpo/actor_log_prob_calls"] for m in steps] == [1] * STEPS
+    # replay from the step the schedule says (mixed from step 1: the pool of step 1 is replayed from step 2)
+    assert [m["exgrpo/replayed_questions"] > 0 for m in steps] == [False] + [True] * (STEPS - 1)
+    for m in steps[1:]:
+        assert m["actor/exgrpo/replayed_tokens"] > 0, "replayed rows did not reach the actor loss"
+        assert m["exgrpo/replay_group_size_min"] == K and m["exgrpo/replay_group_size_max"] == K
+    # after every step only the step's own rows are in the train partition (verl's fit clears them next): no
+    # candidate row the selection dropped, no padding row of the pass
+    assert [m["exgrpo/v1/leaked_rows"] for m in steps] == [0] * STEPS
+    # the weights the rollout samples from are the actor's (noise-level log-prob gap on the generated rows)
+    assert all(m["exgrpo/rollout_actor_log_prob_diff_max"] < 1e-3 for m in steps)
+    assert (out / "checkpoints" / "global_step_2" / "exgrpo" / "pool").is_dir()
+
+
+@pytest.mark.timeout(900)
+def test_the_v1_trainer_trains_on_what_the_legacy_trainer_trains_on(uninterrupted, on_v1):
+    """Parity: the same config on both adapters draws the same questions, generates the same responses (the hf
+    rollout's seeds follow the prompt, not the request order), selects the same stored trajectories, and trains
+    on the same rows with the same rewards, advantages, old log-probs and loss, step after step. Rows are compared
+    sorted (question, replayed, response digest): the trainers keep them in different orders."""
+    trace_l, trace_v = read_trace(uninterrupted[0]), read_trace(on_v1[0])
+    loss_l = {m["step"]: m["actor/pg_loss"] for m in uninterrupted[1] if "actor/pg_loss" in m}
+    loss_v = {m["step"]: m["actor/pg_loss"] for m in on_v1[1] if "actor/pg_loss" in m}
+    for step in range(1, STEPS + 1):
+        a, b = step_record(trace_l, step), step_record(trace_v, step)
+        for key in ("fresh_rows", "replay_question_ids", "selected_entry_ids", "replayed_members"):
+            assert a[key] == b[key], f"step {step}: {key} differs"
+        assert b["selected_scores"] == pytest.approx(a["selected_scores"], abs=1e-6)
+        assert len(a["rows"]) == len(b["rows"]) == 8 * K
+        for ra, rb in zip(a["rows"], b["rows"]):
+            same = ("question", "replayed", "tokens_sha", "mask_sha", "reward", "advantage")
+            assert {k: ra[k] for k in same} == {k: rb[k] for k in same}, f"step {step}"
+            assert rb["old_log_prob_sum"] == pytest.approx(ra["old_log_prob_sum"], abs=1e-6 * 24)  # <= 1e-6 a token
+        assert loss_v[step] == pytest.approx(loss_l[step], abs=1e-6), f"step {step}: pg_loss"
+    assert any(step_record(trace_l, s)["replay_question_ids"] for s in range(2, STEPS + 1))
+
+
+@pytest.mark.timeout(900)
+def test_resume_restores_state_and_repeats_the_next_draw(on_v1, tmp_path_factory, new_ray_temp_dir):
+    """On the v1 trainer (the legacy trainer's resume is held to the same checks in test_multi_turn_cpu.py and
+    test_vllm_cpu.py, and its save/resume under a stage deadline in test_stage_deadlines_cpu.py)."""
+    out_u, _ = uninterrupted = on_v1
     saved = out_u / "checkpoints" / "global_step_2"
     tmp = tmp_path_factory.mktemp("exgrpo_resume")
-    out_r, metrics_r = _run(tmp, "resumed", new_ray_temp_dir(), resume_mode="resume_path", resume_from_path=str(saved))
+    out_r, metrics_r = _run(
+        tmp, "resumed", new_ray_temp_dir(), resume_mode="resume_path", resume_from_path=str(saved), trainer="v1"
+    )
     # what the resumed trainer restored equals what the uninterrupted run recorded when it saved, and the next step
     # draws the same replayed questions and fresh prompts, and selects the same trajectories
-    assert_resume_repeats_the_next_draw(read_trace(out_u), read_trace(out_r), saved_step=2)
+    assert_resume_repeats_the_next_draw(read_trace(out_u), read_trace(out_r), saved_step=2, expect_replay=True)
     assert [m["step"] for m in metrics_r if "exgrpo/batch_pass_rate" in m] == [3, 4]
     # and it samples what the uninterrupted run sampled (the rollout's seeds follow the step, the replay draw and the
     # data order are seeded and restored): the same seed gives the same metrics, step after step

@@ -38,7 +38,7 @@ END_AT_LEAST = 0.7
 GAIN_AT_LEAST = 0.25
 
 
-def _learn(tmp_path: Path, ray_temp_dir: str, assets, exgrpo_enable: bool) -> list[dict]:
+def _learn(tmp_path: Path, ray_temp_dir: str, assets, exgrpo_enable: bool, trainer: str = "legacy") -> list[dict]:
     run = ExGRPOCpuRun(
         output_dir=tmp_path / ("exgrpo" if exgrpo_enable else "grpo"),
         steps=STEPS,
@@ -50,6 +50,7 @@ def _learn(tmp_path: Path, ray_temp_dir: str, assets, exgrpo_enable: bool) -> li
         reward_fn_path=str(EVEN_REWARD),
         wall_limit_s=900,
         ray_temp_dir=ray_temp_dir,
+        trainer=trainer,
     )
     launch_ok(run, assets)
     steps = [m for m in read_metrics(run.output_dir) if "exgrpo/sampled_pass_rate" in m]
@@ -72,8 +73,12 @@ def test_grpo_learns_an_easy_reward(tmp_path, ray_temp_dir, cpu_assets):
 
 @pytest.mark.timeout(1020)
 def test_exgrpo_learns_an_easy_reward(tmp_path, ray_temp_dir, cpu_assets):
-    steps = _learn(tmp_path, ray_temp_dir, cpu_assets, exgrpo_enable=True)
+    """On verl's v1 trainer (GRPO above runs on the legacy one): the reward's many right answers give questions
+    several stored trajectories, so the selection drops candidates, whose rows must leave TransferQueue."""
+    steps = _learn(tmp_path, ray_temp_dir, cpu_assets, exgrpo_enable=True, trainer="v1")
     _check_learned(steps)
     # the replay path was exercised, not just the on-policy one
     assert sum(m["exgrpo/replayed_questions"] for m in steps) > 0
     assert sum(m.get("actor/exgrpo/replayed_tokens", 0) for m in steps) > 0
+    assert any(m.get("exgrpo/old_log_prob_candidate_rows", 0) > m["exgrpo/replayed_questions"] for m in steps)
+    assert [m["exgrpo/v1/leaked_rows"] for m in steps] == [0] * STEPS

@@ -159,8 +159,10 @@ def test_multi_turn_exchanges_are_stored_and_replayed_with_their_masks_on_vllm(
 ):
     assets = build_tool_assets(vllm_assets, tmp_path_factory.mktemp("tool_assets_vllm"))
     tmp = tmp_path_factory.mktemp("multi_turn_vllm")
-    out, metrics = _run(tmp, "vllm", assets, new_ray_temp_dir(), rollout="vllm", python=vllm_python)
+    # on verl's v1 trainer: its tool agent loop's exchanges in TransferQueue, replayed with their masks
+    out, metrics = _run(tmp, "vllm", assets, new_ray_temp_dir(), rollout="vllm", python=vllm_python, trainer="v1")
     check_multi_turn_run(out, metrics)
+    assert [m["exgrpo/v1/leaked_rows"] for m in _steps(metrics)] == [0] * STEPS
     # the rollout's log-probs of the model's tokens are the actor's (the mask lines up with what vLLM sampled)
     gaps = [m["exgrpo/rollout_actor_log_prob_diff_max"] for m in _steps(metrics)]
     assert all(g < 1e-3 for g in gaps), gaps

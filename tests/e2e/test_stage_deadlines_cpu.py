@@ -1,4 +1,5 @@
-"""No stage of a step waits for ever (slow): the real CPU trainer with one stage made to hang at step 2
+"""No stage of a step waits for ever (slow): the real CPU trainers (two faults on each) with one stage made to hang
+at step 2
 (tests/e2e/stage_faults.py: a generation that never returns, a reward call that sleeps, an update that blocks, a
 save that writes and never completes) stops at that stage's deadline with ``StageDeadlineError`` naming the stage and
 the step, writes the Python stacks of the driver and every Ray worker into the run directory, leaves no incomplete
@@ -26,16 +27,17 @@ DEADLINE_S = 30
 #: 60 s was once passed by step 1's generation there, before the fault was armed)
 FIRST_STEP_FACTOR = 6
 WALL_LIMIT_S = 720
-#: fault -> (the stage whose deadline fires, a frame the stacks file must show: where the run was waiting)
+#: fault -> (the stage whose deadline fires, a frame the stacks file must show: where the run was waiting, verl's
+#: trainer it runs on: two on the legacy trainer, two on the v1 trainer)
 FAULTS = {
-    "generate_hang": ("generate", "in _generate"),
-    "reward_sleep": ("reward", "in _score_replayed_members"),
-    "update_block": ("update", "in block_for_ever"),
-    "save_block": ("save_checkpoint", "in block_for_ever"),
+    "generate_hang": ("generate", "in _sample", "v1"),
+    "reward_sleep": ("reward", "in _score_replayed_members", "legacy"),
+    "update_block": ("update", "in block_for_ever", "v1"),
+    "save_block": ("save_checkpoint", "in block_for_ever", "legacy"),
 }
 
 
-def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: bool = False):
+def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: bool = False, trainer: str = "legacy"):
     run = ExGRPOCpuRun(
         output_dir=out,
         steps=steps,
@@ -48,6 +50,7 @@ def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: boo
         ray_temp_dir=ray_temp_dir,
         resume_mode="auto" if resume else "disable",
         extra_overrides=extra,
+        trainer=trainer,
     )
     result = launch(run, echo=False)
     return result, result.log_path.read_text(errors="replace")
@@ -56,7 +59,7 @@ def _run(out: Path, ray_temp_dir: str, steps: int, extra: list[str], resume: boo
 @pytest.mark.timeout(2 * WALL_LIMIT_S + 300)
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_stage_that_hangs_stops_the_run_at_its_deadline(fault, tmp_path, monkeypatch, cpu_assets, ray_temp_dir):
-    stage, frame = FAULTS[fault]
+    stage, frame, trainer = FAULTS[fault]
     out = tmp_path / "run"
     checkpoints = out / "checkpoints"
     tracker = checkpoints / "latest_checkpointed_iteration.txt"
@@ -68,6 +71,7 @@ def test_a_stage_that_hangs_stops_the_run_at_its_deadline(fault, tmp_path, monke
         ray_temp_dir,
         steps=3,
         extra=[f"stage_deadlines.{stage}_s={DEADLINE_S}", f"stage_deadlines.first_step_factor={FIRST_STEP_FACTOR}"],
+        trainer=trainer,
     )
 
     assert not result.timed_out, f"the run hit its wall limit instead of the stage deadline\n{log[-6000:]}"

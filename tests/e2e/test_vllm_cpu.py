@@ -3,10 +3,10 @@
 The same trainer, fused old-log-prob pass, loss and pool as on the ``hf`` stand-in, now fed by vLLM's async HTTP
 server replica, the bucketed shared-memory weight transfer after every update and vLLM's sampling log-probs:
 
-- ExGRPO replays (mixed from step 1), replayed rows reach the loss, one actor forward call per step, and the
-  rollout's log-probs match the actor's after every update (the weight sync works), and a resume from a checkpoint
-  draws what the uninterrupted run draws;
-- on-policy GRPO (``exgrpo.enable=false``) through the same path, in the run whose skipped weight syncs fail the
+- ExGRPO on verl's v1 trainer replays (mixed from step 1), replayed rows reach the loss, one actor forward call per
+  step, nothing is left in TransferQueue, and the rollout's log-probs match the actor's after every update (the
+  weight sync works), and a resume from a checkpoint draws what the uninterrupted run draws;
+- on-policy GRPO (``exgrpo.enable=false``) on the legacy trainer, in the run whose skipped weight syncs fail the
   agreement check (the negative control; its figures are in docs/cpu_backend.md);
 - a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging
   (tests/e2e/vllm_faults.py injects both faults).
@@ -73,7 +73,10 @@ def _check_agreement(steps: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def exgrpo_on_vllm(tmp_path_factory, new_ray_temp_dir, vllm_python, vllm_assets):
     tmp = tmp_path_factory.mktemp("vllm_exgrpo")
-    out, metrics, result = _run(tmp, "uninterrupted", vllm_python, vllm_assets, new_ray_temp_dir(), save_freq=2)
+    # on verl's v1 trainer (the legacy trainer runs on vLLM in the weight-sync tests below)
+    out, metrics, result = _run(
+        tmp, "uninterrupted", vllm_python, vllm_assets, new_ray_temp_dir(), save_freq=2, trainer="v1"
+    )
     assert_ran("uninterrupted", result)
     return out, metrics
 
@@ -92,7 +95,21 @@ def test_exgrpo_on_vllm_replays_in_one_actor_pass_with_synced_weights(exgrpo_on_
         assert m["exgrpo/replayed_rows"] == m["exgrpo/replayed_questions"]
     _check_agreement(steps)
     assert all(m["actor/grad_norm"] > 0 for m in steps)
+    assert [m["exgrpo/v1/leaked_rows"] for m in steps] == [0] * STEPS  # the v1 trainer's TransferQueue stays clean
     assert (out / "checkpoints" / "global_step_2" / "exgrpo" / "pool").is_dir()
+
+
+@pytest.mark.timeout(600)
+def test_the_vllm_demo_takes_an_extra_override(tmp_path, vllm_python):
+    """The vLLM demo's own +actor_rollout_ref.rollout.enable_sleep_mode=False (a field verl's RolloutConfig reads
+    though its yaml omits it) passes the demo's override check beside an extra override (here on the v1 trainer)."""
+    from recipe.exgrpo.harness import demo
+
+    run = demo.demo_run(
+        tmp_path, rollout="vllm", trainer="v1", python=vllm_python, extra_overrides=["exgrpo.delayed_start_threshold=0"]
+    )
+    assert "+actor_rollout_ref.rollout.enable_sleep_mode=False" in demo.build_overrides(run, "m", "t", "v")
+    assert demo.override_problems(run) == []
 
 
 @pytest.mark.timeout(1800)
@@ -111,6 +128,7 @@ def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
         resume_mode="resume_path",
         resume_from_path=str(saved),
         steps=3,
+        trainer="v1",
     )
     assert_ran("resumed", result)
 

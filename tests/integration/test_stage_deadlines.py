@@ -59,20 +59,23 @@ def test_every_stage_of_a_step_runs_inside_the_clock():
 
     from recipe.exgrpo.runtime.stage_deadlines import STAGES
 
-    tree = ast.parse((REPO / "recipe" / "exgrpo" / "legacy" / "trainer.py").read_text())
-    entered = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "stage"
-            and isinstance(node.func.value, ast.Attribute)
-            and node.func.value.attr == "stage_clock"
-        ):
-            first = node.args[0]
-            assert isinstance(first, ast.Constant) and isinstance(first.value, str), ast.unparse(node)
-            entered.append(first.value)
-    assert set(entered) == set(STAGES), f"stages entered {sorted(set(entered))}, with deadlines {sorted(STAGES)}"
+    for adapter in ("legacy", "v1"):
+        tree = ast.parse((REPO / "recipe" / "exgrpo" / adapter / "trainer.py").read_text())
+        entered = []
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "stage"
+                and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "stage_clock"
+            ):
+                first = node.args[0]
+                assert isinstance(first, ast.Constant) and isinstance(first.value, str), ast.unparse(node)
+                entered.append(first.value)
+        assert set(entered) == set(STAGES), (
+            f"{adapter}: stages entered {sorted(set(entered))}, deadlines {sorted(STAGES)}"
+        )
 
 
 def test_every_bad_key_is_named():

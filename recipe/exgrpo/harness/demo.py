@@ -420,7 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.seed,
         help=f"seed of data order, sampling and replay (default {defaults.seed})",
     )
-    parser.add_argument("--out", help="output folder (default: outputs/cpu_demo, outputs/cpu_demo_vllm for vllm)")
+    parser.add_argument(
+        "--out", help="output folder (default: outputs/cpu_demo, outputs/cpu_demo_vllm for vllm; _v1 with --trainer v1)"
+    )
     parser.add_argument("--onpolicy", action="store_true", help="plain on-policy GRPO (exgrpo.enable=false)")
     parser.add_argument(
         "--reward",
@@ -454,6 +456,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=-1,
         help="checkpoint (verl's state and the pool) every N steps (default -1: off)",
     )
+    parser.add_argument(
+        "--trainer",
+        choices=("legacy", "v1"),
+        default="legacy",
+        help="verl's trainer: legacy (RayPPOTrainer, the default) or v1 (its v1 trainer, sync mode: "
+        "trainer.use_v1=true; docs/trainer.md)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print verl's full log instead of one line per step")
     parser.add_argument(
         "overrides",
@@ -471,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--tools runs the {DEFAULT_REWARD_MODE} reward (the calculator task's); drop --reward {args.reward}"
         )
     name = "cpu_demo" + ("_tools" if args.tools else "") + ("" if args.rollout == "hf" else f"_{args.rollout}")
+    name += "" if args.trainer == "legacy" else f"_{args.trainer}"
     out = Path(args.out or REPO_ROOT / "outputs" / name)
     from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
     from recipe.exgrpo.harness.learning_curves import describe_run, plot_run, run_curve
@@ -487,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         reward_mode=args.reward,
         rollout=args.rollout,
         exgrpo_enable=not args.onpolicy,
+        trainer=args.trainer,
         extra_overrides=list(args.overrides),
     )
     if args.overrides:  # a typo must not wait for the assets and Ray, nor reach the trainer's hydra message
@@ -539,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         + (", calculator tool" if args.tools else "")
         + (f", {TOY_REWARDS[args.reward][1]}" if TOY_REWARDS[args.reward][0] else "")
         + (" on vLLM" if run.rollout == "vllm" else "")
+        + (f", verl's {run.trainer} trainer" if run.trainer != "legacy" else "")
     )
     print(f"[demo] {arm}: {run_description(run, args.test_freq)}")
     print(f"[demo] starting Ray and verl's workers (about a minute); full log: {out / 'train.log'}", flush=True)

@@ -25,6 +25,31 @@ OPEN_MAPS: tuple[str, ...] = (
     "data.mm_processor_kwargs",
 )
 
+#: Sections of verl's config whose dataclass reads fields the yaml does not list (a ``+`` key there that names a field
+#: is read, not ignored): section -> ``module:Class``.
+DATACLASS_SECTIONS: dict[str, str] = {
+    "actor_rollout_ref.rollout": "verl.workers.config.rollout:RolloutConfig",
+}
+
+
+def _dataclass_field(key: str) -> bool:
+    """``key`` is a field that verl's dataclass of its section reads, though its yaml omits it (e.g.
+    ``actor_rollout_ref.rollout.enable_sleep_mode``)."""
+    import dataclasses
+    import importlib
+
+    section, _, name = key.rpartition(".")
+    target = DATACLASS_SECTIONS.get(section)
+    if target is None:
+        return False
+    module, _, cls = target.partition(":")
+    try:
+        fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+    except (ImportError, AttributeError, TypeError):
+        return False
+    return name in fields
+
+
 #: Launch-critical verl keys and their allowed ranges: (low, high, low_open, high_open); None = unbounded.
 #: verl itself checks few of these before its workers start, so a wrong one costs a cluster allocation.
 VERL_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
@@ -129,7 +154,12 @@ def check_overrides(
         if ov.is_delete():
             continue
         if (ov.is_add() or ov.is_force_add()) and not in_base:
-            if _under(key, OPEN_MAPS) or _under(key, allow_new_keys) or _parent_is_empty_map(base, key):
+            if (
+                _under(key, OPEN_MAPS)
+                or _under(key, allow_new_keys)
+                or _parent_is_empty_map(base, key)
+                or _dataclass_field(key)
+            ):
                 continue
             hint = suggest_key(key, config_name, str(config_dir))
             problems.append(
