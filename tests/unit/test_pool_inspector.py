@@ -271,6 +271,25 @@ def test_across_follows_the_checkpoints_in_step_order(tmp_path: Path, capsys):
     assert "steps 5" in out
 
 
+def test_across_draws_the_mean_length_beside_the_trajectories(tmp_path: Path, monkeypatch):
+    """The pool's tokens grow with its trajectories: on a twin axis the two lines lay on top of each other."""
+    from exgrpo.pool import plot
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figures.append(fig) or Path(out))
+    rows = [
+        {"step": s, "k": 2, "reward_mode": "binary", "buckets": [n, 0], "retired": 0, "trajectories": n, "tokens": t}
+        for s, n, t in ((5, 4, 80), (10, 10, 190), (15, 20, 420))
+    ]
+    plot.plot_across(rows, tmp_path / "across.png")
+    (fig,) = figures
+    twin = fig.axes[-1]
+    (line,) = twin.get_lines()
+    assert line.get_label() == "tokens per trajectory" and list(line.get_ydata()) == [20.0, 19.0, 21.0]
+    steps = fig.axes[1].xaxis.get_majorticklocs()
+    assert all(float(t).is_integer() for t in steps), steps
+
+
 def test_across_finds_the_demo_layout_under_checkpoints(binary_ckpt: Path, capsys):
     """The CPU demo's output folder holds the checkpoints under checkpoints/."""
     demo_out = binary_ckpt.parent.parent / "demo"
