@@ -6,6 +6,8 @@ one line naming it with the documented exit status (1: damaged pool, the loader'
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -300,6 +302,17 @@ def test_across_finds_the_demo_layout_under_checkpoints(binary_ckpt: Path, capsy
     assert [r["step"] for r in json.loads(out)["checkpoints"]] == [3]
 
 
+def test_a_runs_folder_without_across_says_what_to_type(binary_ckpt: Path, capsys):
+    demo_out = binary_ckpt.parent.parent / "demo"
+    (demo_out / "checkpoints").mkdir(parents=True)
+    binary_ckpt.rename(demo_out / "checkpoints" / binary_ckpt.name)
+    rc, _, err = _run(["inspect", str(demo_out)], capsys)
+    assert rc == 2 and _one_line_error(err) == (
+        f"error: {demo_out}: a run's folder, with 1 checkpoint(s) (steps 3): add --across for the whole run, or give "
+        f"one checkpoint, e.g. {demo_out / 'checkpoints' / binary_ckpt.name}"
+    )
+
+
 def test_an_interrupted_overwrite_is_read_from_its_previous_copy(binary_ckpt: Path, capsys):
     """Killed between the two renames of an overwrite, a save leaves no pool/ but a complete .pool.old-*: the
     inspector reads it, as a resume does, and ``--across`` counts the checkpoint."""
@@ -466,6 +479,22 @@ def test_not_a_pool_and_missing_paths(tmp_path: Path, capsys):
     assert rc == 2 and f"{tmp_path}: no saved experience pool" in _one_line_error(err)
     rc, _, err = _run(["inspect", str(tmp_path), "--across"], capsys)
     assert rc == 2 and f"{tmp_path}: no global_step_N checkpoints" in _one_line_error(err)
+
+
+def test_an_export_is_an_ordinary_file_in_a_folder_that_exists(binary_ckpt: Path, tmp_path: Path, capsys):
+    previous = os.umask(0o022)
+    try:
+        rc, _, err = _run(["export", str(binary_ckpt), str(tmp_path / "pool.parquet")], capsys)
+    finally:
+        os.umask(previous)
+    assert rc == 0, err
+    assert stat.S_IMODE((tmp_path / "pool.parquet").stat().st_mode) == 0o644  # as every other output (not 0600)
+    missing = tmp_path / "no-such-folder"
+    rc, _, err = _run(["export", str(binary_ckpt), str(missing / "pool.parquet")], capsys)
+    assert rc == 2 and _one_line_error(err) == (
+        f"error: {missing / 'pool.parquet'}: its folder {missing} does not exist (create it first)"
+    )
+    assert not missing.exists()
 
 
 def test_outputs_that_cannot_be_written(binary_ckpt: Path, tmp_path: Path, capsys):
