@@ -96,10 +96,18 @@ def plot_summary(summary: PoolSummary, out: str | os.PathLike[str]) -> pathlib.P
     ax.set_title(
         "trajectories per question" + (f"  (behaviour log-prob / token {lp:.3f})" if lp is not None else ""),
     )
+    for axis in (*(a.yaxis for a in axes.flat), axes[0, 1].xaxis, axes[1, 0].xaxis, axes[1, 1].xaxis):
+        _whole_numbers(axis)  # counts, lengths, ages: no 0.75 trajectories per question
     fig.tight_layout()
     path = _save(fig, out)
     plt.close(fig)
     return path
+
+
+def _whole_numbers(axis: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def plot_across(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str], *, title: str = "") -> pathlib.Path:
@@ -130,12 +138,13 @@ def plot_across(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str], 
     per = [r["tokens"] / r["trajectories"] if r["trajectories"] else float("nan") for r in rows]
     twin.plot(steps, per, "s--", color="tab:orange", label="tokens per trajectory")
     twin.set_ylabel("tokens per trajectory", color="tab:orange")
+    finite = [v for v in per if v == v]
+    if finite:  # from 0: a length that barely moves must not fill the panel
+        twin.set_ylim(0, 1.15 * max(finite))
     bottom.set_xlabel("training step (checkpoint)")
     bottom.set_title("pool size and the stored trajectories' mean length")
-    from matplotlib.ticker import MaxNLocator
-
     for axis in (bottom.xaxis, bottom.yaxis, top.yaxis):  # steps and counts: whole numbers only
-        axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+        _whole_numbers(axis)
     fig.tight_layout()
     path = _save(fig, out)
     plt.close(fig)

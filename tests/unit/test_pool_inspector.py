@@ -232,6 +232,24 @@ def test_plot_writes_a_png(binary_ckpt: Path, tmp_path: Path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_figures_count_in_whole_numbers(binary_ckpt: Path, tmp_path: Path, monkeypatch):
+    """Counts, lengths and ages get whole-number ticks (the per-question panel showed 0.75 trajectories)."""
+    from exgrpo.experience.persistence import open_experience
+    from exgrpo.pool import plot
+    from exgrpo.pool.source import resolve_pool_dir
+    from exgrpo.pool.summary import summarize
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figures.append(fig) or Path(out))
+    plot.plot_summary(summarize(open_experience(resolve_pool_dir(binary_ckpt))), tmp_path / "pool.png")
+    (fig,) = figures
+    for ax in fig.axes:
+        for axis in (ax.yaxis, *([ax.xaxis] if ax is not fig.axes[0] else [])):  # the first: bucket labels
+            low, high = axis.get_view_interval()
+            ticks = [t for t in axis.get_majorticklocs() if low <= t <= high]
+            assert all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
 # ------------------------------------------------------------------------------------------- across a run
 def test_across_follows_the_checkpoints_in_step_order(tmp_path: Path, capsys):
     """Checkpoints after steps 1, 2 and 10 (numeric order, not the names' order) and one without a pool."""
