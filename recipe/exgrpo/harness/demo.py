@@ -1,11 +1,13 @@
 """Tiny ExGRPO training on CPU through the real verl trainer: the README's main command.
 
-``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [hydra overrides...]`` builds
-(or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
+``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [--resume] [hydra overrides...]``
+builds (or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
 (recipe/exgrpo/harness/assets.py, no downloads), runs ``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend
 under a hard wall-clock limit, prints one short line per step (the full verl log goes to ``<out>/train.log``,
-every metric to ``<out>/metrics.jsonl``), and ends with a summary and a PNG learning curve (validation
-accuracy per difficulty, batch pass rate, pool size, replayed share).
+every metric to ``<out>/metrics.jsonl``) and when replay starts, and ends with a summary and a PNG learning curve
+(validation accuracy per difficulty, batch pass rate, pool size, replayed share). One folder holds one run (an
+earlier one is moved to ``<out>.old-N``; ``--resume`` continues it, its history kept); SIGTERM, SIGHUP or Ctrl-C
+stop the training with one line.
 
 The same functions drive the e2e tests and the CPU benchmarks (``benchmarks/learning_cpu.py``,
 ``benchmarks/exgrpo_vs_grpo_cpu.py``). The demo's settings are :data:`DEMO_SETTINGS`; how they were chosen and
