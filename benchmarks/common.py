@@ -46,6 +46,16 @@ def add_run_folder(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--fresh", action="store_true", help="re-run runs that already finished in --out")
 
 
+def run_stoppable(main: Callable[[], int | None], name: str) -> int:
+    """A benchmark's ``main()`` as a command: SIGTERM (``timeout``), SIGHUP (the terminal closed) or Ctrl-C stop the
+    run in progress (its trainer and Ray cluster) and whatever else it started, with one line ``[name] SIGTERM:
+    ...`` and the shell's status for the signal (128 + its number), no traceback. Its finished runs stay in its
+    folder (the next call reuses them)."""
+    from recipe.exgrpo.harness.procs import main_until_stopped
+
+    return main_until_stopped(main, label=name)
+
+
 def vllm_python(path: str | Path) -> str:
     """``path``, the interpreter of the vLLM CPU stack; stops the benchmark, saying how to build it, when absent."""
     if not Path(path).exists():

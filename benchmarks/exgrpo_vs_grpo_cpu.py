@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, vllm_python  # noqa: E402
+from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, run_stoppable, vllm_python  # noqa: E402
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
 
 #: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
@@ -105,9 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
-    from recipe.exgrpo.harness.procs import install_termination_handlers
-
-    install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
 
     python = vllm_python(args.vllm_python) if args.rollout == "vllm" else None
     assets = ensure_assets(asset_spec(args.rollout))
@@ -172,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stoppable(main, "exgrpo_vs_grpo_cpu"))

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import REPO, argument_parser, comma_list  # noqa: E402
+from benchmarks.common import REPO, argument_parser, comma_list, run_stoppable  # noqa: E402
 from recipe.exgrpo.launch_checks.env_check import GPU_LOCK, locked_versions, parse_lock, read_lock  # noqa: E402
 
 PLATFORM = "x86_64-manylinux_2_28"
@@ -236,4 +236,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "gpu_install_resolution"))

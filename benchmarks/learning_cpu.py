@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host  # noqa: E402
+from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host, run_stoppable  # noqa: E402
 from exgrpo.modes import DEFAULT_REWARD_MODE  # noqa: E402
 from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stoppable(main, "learning_cpu"))

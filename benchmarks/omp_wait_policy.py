@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import argument_parser, comma_list, cores  # noqa: E402
+from benchmarks.common import argument_parser, comma_list, cores, run_stoppable  # noqa: E402
 
 WORKLOAD = """
 import sys, time, torch
@@ -80,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "omp_wait_policy"))

@@ -45,6 +45,7 @@ from benchmarks.common import (  # noqa: E402
     child_arguments,
     last_json_line,
     platform_line,
+    run_stoppable,
 )
 
 
@@ -198,4 +199,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "pool_inspect"))

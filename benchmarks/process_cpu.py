@@ -29,7 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import argument_parser, cores  # noqa: E402
+from benchmarks.common import argument_parser, cores, run_stoppable  # noqa: E402
 
 #: (kind, pattern on the command line), first match wins; a Ray worker is classified by its actor's name
 KINDS: tuple[tuple[str, str], ...] = (
@@ -133,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "process_cpu"))

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import REPO, argument_parser, comma_list, cores  # noqa: E402
+from benchmarks.common import REPO, argument_parser, comma_list, cores, run_stoppable  # noqa: E402
 from exgrpo.reward import (  # noqa: E402
     GraderPool,
     canonical_answer,
@@ -281,4 +281,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "reward_throughput"))

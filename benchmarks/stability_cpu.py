@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host  # noqa: E402
+from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host, run_stoppable  # noqa: E402
 from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
@@ -599,4 +599,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stoppable(main, "stability_cpu"))

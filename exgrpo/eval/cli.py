@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from exgrpo.eval.backends import BACKENDS, GenerationBackend, library_versions
+from exgrpo.eval.backends import BACKENDS, GenerationBackend, library_versions, vllm_model_problem
 from exgrpo.eval.config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS, EvalConfig
 from exgrpo.eval.generate import (
     TEMPLATES,
@@ -62,6 +62,7 @@ from exgrpo.eval.report import (
     render_markdown,
     write_report,
 )
+from exgrpo.stop_signals import describe_stopped, main_until_stopped, stop_descendants
 
 
 def _run_file(cfg: EvalConfig) -> pathlib.Path:
@@ -92,6 +93,9 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
     if any(pending.values()):
         if backend is None:
             check_model_dir(cfg.model)
+            problem = vllm_model_problem(cfg.model) if cfg.backend == "vllm" else None
+            if problem:  # before the replicas start, each with its own engine
+                raise ValueError(problem)
         if replicas:
             from transformers import AutoTokenizer  # the parent needs the template's hash only, not the model
 
@@ -451,7 +455,14 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command. SIGTERM, SIGHUP or Ctrl-C stop what it started (a vLLM engine, the data-parallel replicas, the
+    grading workers) with one line and exit status 128 + the signal's number; the generations written so far stay
+    (the same command goes on from them)."""
     a = build_parser().parse_args(argv)
+    return main_until_stopped(lambda: _main_reporting(a), lambda signum: describe_stopped(stop_descendants()), "eval")
+
+
+def _main_reporting(a: argparse.Namespace) -> int:
     try:
         return _main(a)
     except (ValueError, OSError, ImportError, ResumeMismatchError, RuntimeError) as e:

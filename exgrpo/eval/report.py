@@ -9,6 +9,7 @@ OOD runs of one model can be merged into one row (``merge_by_label``).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -73,14 +74,17 @@ class TableRow:
     reference: bool = False
     partial: frozenset[str] = frozenset()  # averages taken over fewer benchmarks than the paper's
     caveats: tuple[str, ...] = ()  # how the run departs from the full protocol (a slice, fewer samples, ...)
+    # "(ours)" tells a measured row from the paper's: not marked on other data (an untrained model is not "ours")
+    mark_ours: bool = True
 
     @property
     def display_name(self) -> str:
-        """The row's name as tables and charts print it: ours marked "(ours)" once, and ‡ when it has caveats."""
+        """The row's name as tables and charts print it: ours marked "(ours)" once (not on other data than the
+        paper's), and ‡ when it has caveats."""
         if self.reference:
             return self.name
-        name = self.name if "(ours)" in self.name.lower() else f"{self.name} (ours)"
-        return name + (f" {CAVEAT_MARK}" if self.caveats else "")
+        mark = self.mark_ours and "(ours)" not in self.name.lower()
+        return (f"{self.name} (ours)" if mark else self.name) + (f" {CAVEAT_MARK}" if self.caveats else "")
 
 
 REFERENCE_TABLES: dict[str, list[TableRow]] = {
@@ -267,10 +271,12 @@ def _measured_only_other_benchmarks(ours: Sequence[TableRow]) -> bool:
 
 def table_rows(results: Sequence[EvalResults], reference: str | Sequence[TableRow] | None = "table1") -> list[TableRow]:
     """The paper's reference rows followed by ours (one per label). When ours measured none of the paper's
-    benchmarks, the paper's rows are left out: they would share no column with ours."""
+    benchmarks, the paper's rows are left out (they would share no column with ours), and ours are not marked
+    "(ours)": there is nothing to tell them from, and the model may be anyone's (an untrained base model)."""
     ours = [r.table_row() for r in merge_by_label(results)]
-    refs = [] if _measured_only_other_benchmarks(ours) else reference_rows(reference)
-    return refs + ours
+    if _measured_only_other_benchmarks(ours):  # another data set: no paper row to tell ours from, no "(ours)"
+        return [dataclasses.replace(row, mark_ours=False) for row in ours]
+    return reference_rows(reference) + ours
 
 
 def extra_columns(rows: Sequence[TableRow]) -> list[str]:
@@ -459,7 +465,27 @@ def write_results_csv(results: EvalResults, path: str | os.PathLike) -> pathlib.
 
 
 MAX_REFERENCE_ROWS_PER_PANEL = 4
-DEFAULT_TITLE = "ExGRPO evaluation (avg@32 on AIME24/AIME25/AMC, pass@1 elsewhere)"
+
+
+def chart_title(results: Sequence[EvalResults]) -> str:
+    """The chart's title: the metric each measured benchmark was scored with (avg@k: the mean over k samples per
+    question; pass@1: one sample), as the runs measured it, e.g. "Evaluation (avg@32 on AIME24, AIME25, AMC; pass@1
+    on the others)"."""
+    by_metric: dict[str, list[str]] = {}
+    for r in merge_by_label(results):
+        for name, m in r.benchmarks.items():
+            names = by_metric.setdefault(m.metric_name, [])
+            if _header(name) not in names:
+                names.append(_header(name))
+    if not by_metric:
+        return "Evaluation"
+    groups = sorted(by_metric.items(), key=lambda kv: -len(kv[1]))
+    if len(groups) == 1:
+        metric, names = groups[0]
+        return f"Evaluation ({metric} on {', '.join(names)})" if len(names) <= 6 else f"Evaluation ({metric})"
+    (most, _), rest = groups[0], groups[1:]
+    parts = [f"{metric} on {', '.join(names)}" for metric, names in rest]
+    return f"Evaluation ({'; '.join(parts)}; {most} on the others)"
 
 
 def reference_panels(rows: Sequence[TableRow], max_rows: int = MAX_REFERENCE_ROWS_PER_PANEL) -> list[list[TableRow]]:
@@ -564,7 +590,7 @@ def plot_bar_chart(
         ax.tick_params(axis="y", labelsize=7)
         if ax.get_legend_handles_labels()[0]:  # a panel with nothing measured in its columns draws no legend
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle(title or DEFAULT_TITLE, fontsize=10, y=1 - 0.1 / fig_h, va="top")
+    fig.suptitle(title or chart_title(results), fontsize=10, y=1 - 0.1 / fig_h, va="top")
     bottom = (0.12 + 0.22 * len(notes)) / fig_h
     for i, note in enumerate(notes):
         fig.text(0.01, bottom - (0.1 + 0.22 * (i + 1)) / fig_h, note, fontsize=7, ha="left")

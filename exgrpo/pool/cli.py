@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,7 +71,20 @@ def _draw(plot: Callable[[], Any], out: str) -> None:
 def _inspect(args: argparse.Namespace) -> None:
     from exgrpo.pool.summary import format_summary, summarize
 
-    saved = open_experience(resolve_pool_dir(args.path))
+    try:
+        pool_dir = resolve_pool_dir(args.path)
+    except InputError as e:  # a run's folder: say so, and what to type
+        try:
+            checkpoints = find_checkpoints(args.path)
+        except InputError:
+            raise e from None
+        last = checkpoints[-1].directory
+        raise InputError(
+            f"{args.path}: a run's folder, with {len(checkpoints)} checkpoint(s) (steps "
+            f"{', '.join(str(c.step) for c in checkpoints)}): add --across for the whole run, or give one "
+            f"checkpoint, e.g. {last}"
+        ) from None
+    saved = open_experience(pool_dir)
     summary = summarize(saved, tokens=not args.no_tokens)
     print(json.dumps(summary.to_json(), indent=2) if args.json else format_summary(summary))
     if args.plot:
@@ -102,6 +116,9 @@ def _export(args: argparse.Namespace) -> None:
     from exgrpo.pool.export import export_parquet
 
     saved = open_experience(resolve_pool_dir(args.path))
+    folder = pathlib.Path(args.out).parent
+    if not folder.exists():  # a typo in the folder must not become a new folder
+        raise InputError(f"{args.out}: its folder {folder} does not exist (create it first)")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     try:
         written = export_parquet(

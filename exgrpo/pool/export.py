@@ -23,6 +23,13 @@ from exgrpo.pool.summary import bucket_label, entry_arrays, question_ids, reward
 __all__ = ["export_parquet", "export_schema", "find_question", "show_question"]
 
 
+def _umask() -> int:
+    """This process's umask (read by setting it, so set it back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _question_type(qids: list[Any]) -> pa.DataType:
     """int64 when every question id is an int, else string (ints written as their decimal text)."""
     return pa.int64() if all(isinstance(q, int) for q in qids) else pa.string()
@@ -118,6 +125,7 @@ def export_parquet(
                 cols["retired"] = pa.array(np.ones(n, dtype=bool))
                 cols["retired_step"] = pa.array([int(s) for _, s in retired_rows], type=pa.int64())
                 writer.write_table(pa.table(cols, schema=schema))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private (0600); the export is an ordinary output
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -3,7 +3,7 @@
 * :func:`plot_summary`: one checkpoint at a glance: questions and trajectories per bucket, the response lengths
   of the stored trajectories, their ages (steps since collected), and how many trajectories each question holds.
 * :func:`plot_across`: a run's checkpoints in step order: questions per bucket and retired questions as stacked
-  areas, the pool's size (trajectories, tokens) below.
+  areas, the pool's size (trajectories) and its trajectories' mean length (tokens per trajectory) below.
 """
 
 from __future__ import annotations
@@ -96,10 +96,18 @@ def plot_summary(summary: PoolSummary, out: str | os.PathLike[str]) -> pathlib.P
     ax.set_title(
         "trajectories per question" + (f"  (behaviour log-prob / token {lp:.3f})" if lp is not None else ""),
     )
+    for axis in (*(a.yaxis for a in axes.flat), axes[0, 1].xaxis, axes[1, 0].xaxis, axes[1, 1].xaxis):
+        _whole_numbers(axis)  # counts, lengths, ages: no 0.75 trajectories per question
     fig.tight_layout()
     path = _save(fig, out)
     plt.close(fig)
     return path
+
+
+def _whole_numbers(axis: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def plot_across(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str], *, title: str = "") -> pathlib.Path:
@@ -124,11 +132,19 @@ def plot_across(rows: Sequence[Mapping[str, Any]], out: str | os.PathLike[str], 
     top.legend(loc="upper left", fontsize=8, ncol=2)
     bottom.plot(steps, [r["trajectories"] for r in rows], "o-", color="tab:blue", label="trajectories")
     bottom.set_ylabel("trajectories", color="tab:blue")
+    # the tokens per trajectory, not the tokens: those grow with the trajectories, and on a twin axis the two
+    # lines lie on top of each other
     twin = bottom.twinx()
-    twin.plot(steps, [r["tokens"] for r in rows], "s--", color="tab:orange", label="tokens")
-    twin.set_ylabel("tokens", color="tab:orange")
+    per = [r["tokens"] / r["trajectories"] if r["trajectories"] else float("nan") for r in rows]
+    twin.plot(steps, per, "s--", color="tab:orange", label="tokens per trajectory")
+    twin.set_ylabel("tokens per trajectory", color="tab:orange")
+    finite = [v for v in per if v == v]
+    if finite:  # from 0: a length that barely moves must not fill the panel
+        twin.set_ylim(0, 1.15 * max(finite))
     bottom.set_xlabel("training step (checkpoint)")
-    bottom.set_title("pool size")
+    bottom.set_title("pool size and the stored trajectories' mean length")
+    for axis in (bottom.xaxis, bottom.yaxis, top.yaxis):  # steps and counts: whole numbers only
+        _whole_numbers(axis)
     fig.tight_layout()
     path = _save(fig, out)
     plt.close(fig)

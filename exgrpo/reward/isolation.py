@@ -241,7 +241,10 @@ class GraderPool:
             self._hand_over_locked(worker)
 
     def _spawn_failed(self, error: BaseException) -> None:
-        logger.warning("grading worker start failed: %s", error)
+        with self._lock:
+            closed = self._closed
+        if not closed:  # a closed pool's workers die starting (close() ends the thread that forked them): no news
+            logger.warning("grading worker start failed: %s", error)
         with self._lock:
             self._starting -= 1
             self._ready_once.set()

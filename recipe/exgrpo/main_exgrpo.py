@@ -5,6 +5,8 @@ validated here, before Ray starts, so a wrong value stops the run at once with t
 the verl settings the recipe would otherwise accept and ignore (``algorithm.adv_estimator``, ``use_kl_loss``, ...:
 ``recipe/exgrpo/config_bridge.py``, docs/trainer.md). The Ray job carries the recipe's code to every worker and
 checks, once Ray is up and before the trainer starts, that every node imports it (``recipe/exgrpo/runtime/ray_job.py``).
+SIGTERM, SIGHUP or Ctrl-C stop the run's processes, its Ray cluster included, with one line
+(``recipe/exgrpo/runtime/driver_stop.py``).
 """
 
 from __future__ import annotations
@@ -234,8 +236,8 @@ def run_stage_watched(config, run_token: str) -> None:
     """verl's ``run_ppo`` with the recipe's task runner; a ``StageDeadlineError`` of the task runner ends the run:
     Ray is shut down, what is left of the run on this node is stopped, the step's incomplete checkpoint removed
     (again, now that nothing writes to it), and the driver exits 1 with the error's message."""
-    from recipe.exgrpo.runtime import stacks
-    from recipe.exgrpo.runtime.ray_job import CheckedTaskRunner, driver_info
+    from recipe.exgrpo.runtime import driver_stop, stacks
+    from recipe.exgrpo.runtime.ray_job import CheckedTaskRunner, check_worker_imports, driver_info
     from recipe.exgrpo.runtime.stage_deadlines import (
         StageDeadlineError,
         deadlines_from_config,
@@ -245,10 +247,17 @@ def run_stage_watched(config, run_token: str) -> None:
     watched = deadlines_from_config(config).enable
     if watched:
         stacks.register(run_token)  # the driver's own stacks, dumped with the workers' at a deadline
+
     # every node must import the recipe: checked once run_ppo has started Ray, before the task runner starts
+    def once_ray_is_up() -> None:
+        driver_stop.install(run_token)  # again: ray.init replaced the SIGTERM handler with its own
+        check_worker_imports()
+
     runner_cls = ExGRPOTaskRunnerV1 if config.trainer.get("use_v1", False) else ExGRPOTaskRunner
     runner = CheckedTaskRunner(
-        runner_cls, run_kwargs=lambda: {"driver": driver_info(), "run_token": run_token if watched else None}
+        runner_cls,
+        check=once_ray_is_up,
+        run_kwargs=lambda: {"driver": driver_info(), "run_token": run_token if watched else None},
     )
     try:
         run_ppo(config, task_runner_class=runner)
@@ -269,8 +278,11 @@ def run_stage_watched(config, run_token: str) -> None:
 
 @hydra.main(config_path="config", config_name="exgrpo_trainer", version_base=None)
 def main(config):
-    auto_set_device(config)
+    from recipe.exgrpo.runtime import driver_stop
+
     run_token = new_run_token()
+    driver_stop.install(run_token)  # SIGTERM, SIGHUP, Ctrl-C: the whole run stops, with one line
+    auto_set_device(config)
     prepare_config(config, run_token)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_stage_watched(config, run_token)

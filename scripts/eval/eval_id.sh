@@ -11,7 +11,8 @@
 #                python -m verl.model_merger merge --backend fsdp --local_dir CKPT/global_step_N/actor \
 #                  --target_dir CKPT/global_step_N/merged_hf
 #   DATA_DIR     benchmark parquets (default: data/benchmarks, written by bash scripts/prepare_data.sh)
-#   ID_FILE      the ID parquet inside DATA_DIR (default: test_id.parquet, which repeats AIME/AMC 32x)
+#   ID_FILE      the ID parquet: a name inside DATA_DIR, or a path (default: test_id.parquet, which repeats
+#                AIME/AMC 32x)
 #   OUT_DIR      output directory (default: outputs/eval/<model name>/id)
 #   N_GPUS       GPUs to use (default: 1); TP: tensor parallel size of each engine replica (default: 1);
 #                N_GPUS / TP replicas run side by side on their own GPUs
@@ -22,7 +23,7 @@
 #   LABEL        row name in the table (default: from MODEL_PATH)
 #   REFERENCE    table1 (default), table5 or none: the paper's rows printed beside ours
 #   EVAL_CHECK_ONLY  1: only check that the data files exist (no model needed), then exit
-#   DRY_RUN      print: print the python -m exgrpo.eval command instead of running it (no model needed)
+#   DRY_RUN      print: print the python -m exgrpo.eval command instead of running it (no model or data needed)
 #   PYTHON       default: an activated environment's python, else the checkout's .venv, else python on PATH (the
 #                first that has the packages; scripts/lib/python.sh)
 set -euo pipefail
@@ -30,9 +31,8 @@ set -euo pipefail
 # shellcheck source=scripts/eval/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 eval_require_model eval_id.sh
-DATA_DIR="$(eval_data_dir)"
-ID_FILE="${ID_FILE:-test_id.parquet}"
-if [[ ! -f "$DATA_DIR/$ID_FILE" ]]; then
-  eval_die "$DATA_DIR/$ID_FILE not found; write it with: bash scripts/prepare_data.sh (or set DATA_DIR / ID_FILE)"
+ID_FILE="$(eval_data_file "${ID_FILE:-test_id.parquet}")"
+if [[ ! -f "$ID_FILE" ]]; then
+  eval_missing_data id "$ID_FILE" "write it with: bash scripts/prepare_data.sh (or set DATA_DIR / ID_FILE)"
 fi
-eval_run id "$DATA_DIR/$ID_FILE" -- "$@"
+eval_run id "$ID_FILE" -- "$@"

@@ -5,8 +5,9 @@
 #   MODEL_PATH=CKPT/global_step_N/merged_hf N_GPUS=8 bash scripts/eval/eval_ood.sh [extra exgrpo.eval flags]
 #
 # Environment: as scripts/eval/eval_id.sh, and
-#   OOD_FILES    parquet names inside DATA_DIR (default: "arc_c.parquet gpqa_diamond.parquet mmlu_pro.parquet");
-#                missing ones are skipped with a warning and the OOD Avg is then marked partial (†)
+#   OOD_FILES    parquet names inside DATA_DIR, or paths (default: "arc_c.parquet gpqa_diamond.parquet
+#                mmlu_pro.parquet"); missing ones are skipped with a warning and the OOD Avg is then marked
+#                partial (†); with DRY_RUN=print they are printed all the same
 #   OOD_REQUIRE_ALL  1: a missing OOD file is an error (the reproduction scripts set it)
 #   LABEL        row name (default: from MODEL_PATH; the same LABEL as eval_id.sh, then
 #                `python -m exgrpo.eval report <id>/results.json <ood>/results.json` for one full row)
@@ -19,10 +20,14 @@ DATA_DIR="$(eval_data_dir)"
 read -r -a wanted <<< "${OOD_FILES:-arc_c.parquet gpqa_diamond.parquet mmlu_pro.parquet}"
 files=()
 for f in "${wanted[@]}"; do
-  if [[ -f "$DATA_DIR/$f" ]]; then files+=("$DATA_DIR/$f")
+  path="$(eval_data_file "$f")"
+  if [[ -f "$path" ]]; then files+=("$path")
+  elif [[ "${DRY_RUN:-0}" == print ]]; then
+    files+=("$path")
+    eval_missing_data ood "$path" "write it with: bash scripts/prepare_data.sh (or set DATA_DIR / OOD_FILES)"
   elif [[ "${OOD_REQUIRE_ALL:-0}" == 1 ]]; then
-    eval_die "$DATA_DIR/$f not found; write it with: bash scripts/prepare_data.sh (or set DATA_DIR / OOD_FILES)"
-  else echo "[eval_ood] warning: $DATA_DIR/$f not found, skipped (the OOD Avg will be partial)" >&2; fi
+    eval_die "$path not found; write it with: bash scripts/prepare_data.sh (or set DATA_DIR / OOD_FILES)"
+  else echo "[eval_ood] warning: $path not found, skipped (the OOD Avg will be partial)" >&2; fi
 done
 if [[ ${#files[@]} -eq 0 ]]; then
   eval_die "none of ${wanted[*]} found in DATA_DIR=$DATA_DIR; write them with: bash scripts/prepare_data.sh"

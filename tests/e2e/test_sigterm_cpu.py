@@ -1,13 +1,15 @@
-"""SIGTERM to a pytest that runs a real verl run (slow): the run's whole session (driver, Ray's GCS and raylet,
-its workers) is gone when pytest has exited, not left to the run's own wall-clock watchdog (tests/conftest.py
-installs the handler of recipe/exgrpo/harness/procs.py). The pytest runs tests/e2e/sigterm_target.py and is terminated
-once Ray is up."""
+"""SIGTERM to the CPU demo (``python -m recipe.exgrpo.cpu_demo``) once its real verl run is up (slow): the demo asks
+the trainer's driver to stop, the driver stops its Ray cluster itself (recipe/exgrpo/runtime/driver_stop.py) and says
+so in the run's log, the demo kills what is left of the run's session and exits with one line and status 143; no
+process of the run is left. Before, the demo died and left ``main_exgrpo`` and its cluster training on (parent PID
+1). tests/unit/test_demo_command.py sends each stop signal to the demo on a stand-in trainer; pytest's own handler
+(tests/conftest.py) is the same code (tests/unit/test_procs_sessions.py)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,10 +21,11 @@ import pytest
 from recipe.exgrpo.harness.procs import new_session
 from tests.e2e.helpers import ray_started, run_processes, wait_none_left
 
-TARGET = Path(__file__).resolve().with_name("sigterm_target.py")
-RAY_UP_WITHIN_S = 240  # a backstop for a loaded machine; Ray is up ~15 s after pytest starts on a quiet one
-# after pytest exited: time for the kernel to reap what was killed (a survivor of the session lives for minutes)
+RAY_UP_WITHIN_S = 240  # a backstop for a loaded machine; the trainer runs ~25 s after the demo starts on a quiet one
+# after the demo exited: time for the kernel to reap what was killed (a survivor of the session lives for minutes)
 REAPED_WITHIN_S = 10
+#: what the trainer's task runner prints once the driver is past ray.init (and has its own handlers again)
+TRAINER_STARTED = "ExGRPOTaskRunner hostname:"
 
 
 def _cmdline(proc: psutil.Process) -> str:
@@ -39,66 +42,68 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def _ray_up(ray_dir: str) -> list[psutil.Process]:
+def _ray_up(ray_root: str) -> list[psutil.Process]:
     """The run's processes once both Ray's GCS and its raylet run, else []."""
-    procs = run_processes(ray_dir)
+    procs = run_processes(ray_root)
     names = " ".join(_cmdline(p) for p in procs)
     return procs if "gcs_server" in names and "raylet" in names else []
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(RAY_UP_WITHIN_S + 120)
-def test_sigterm_to_pytest_ends_the_session_of_its_verl_run(repo_root, tmp_path):
-    log = tmp_path / "pytest.log"
-    with tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as ray_dir:
+@pytest.mark.timeout(RAY_UP_WITHIN_S + 180)
+def test_sigterm_to_the_demo_stops_its_training_run(repo_root, tmp_path, cpu_assets):
+    out = tmp_path / "demo"
+    with tempfile.TemporaryDirectory(prefix="exgray-", dir="/tmp") as ray_root:  # Ray's socket paths stay short
         try:
-            returncode, left = _terminate_once_ray_is_up(repo_root, tmp_path, ray_dir, log)
+            returncode, left = _terminate_once_training(repo_root, tmp_path, out, ray_root)
         finally:  # whatever happened, nothing of the run outlives this test (a failure here leaves survivors)
-            for proc in run_processes(ray_dir):
+            for proc in run_processes(ray_root):
                 try:
                     proc.kill()
                 except psutil.Error:
                     pass
-        text = log.read_text(errors="replace")
-        assert left == [], f"pytest exited with {returncode}; processes of the run outlived it: {left}"
-        assert returncode == 2, f"pytest exited with {returncode}, not as interrupted (2):\n{text[-4000:]}"
-        assert "SIGTERM: killed 1 run session" in text, text[-4000:]
+    printed = (tmp_path / "stdout").read_text(errors="replace")
+    errors = (tmp_path / "stderr").read_text(errors="replace")
+    log = (out / "train.log").read_text(errors="replace")
+    assert left == [], f"the demo exited with {returncode}; processes of the run outlived it: {left}"
+    assert returncode == 128 + signal.SIGTERM, f"the demo exited with {returncode}:\n{errors[-4000:]}"
+    assert re.fullmatch(
+        r"\[demo\] SIGTERM: stopped the run and its \d+ processes \(the trainer, its Ray cluster\); exiting\n", errors
+    ), errors[-4000:]
+    assert "Traceback" not in printed + errors
+    # the driver stopped its own cluster (the demo gives it that chance first)
+    assert re.search(r"\[exgrpo\] SIGTERM: stopped the run: \d+ of its processes on this node", log), log[-4000:]
 
 
-def _terminate_once_ray_is_up(repo_root: Path, tmp_path: Path, ray_dir: str, log: Path):
-    """Start the pytest, wait for Ray, SIGTERM the pytest; its exit code and the run's processes (of those seen before
-    the signal, or found by Ray's temp dir) still alive after it exited."""
-    env = {**os.environ, "EXGRPO_SIGTERM_RAY_DIR": ray_dir}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(TARGET),
-        "-q",
-        "-s",  # no capture: the handler's message reaches the log
-        "-p",
-        "no:cacheprovider",
-        "--basetemp",
-        str(tmp_path / "t"),
-    ]
-    # the pytest in its own session too, so that nothing of it outlives this test
-    with log.open("w") as out, new_session(cmd, cwd=repo_root, env=env, stdout=out, stderr=subprocess.STDOUT) as inner:
+def _terminate_once_training(repo_root: Path, tmp_path: Path, out: Path, ray_root: str):
+    """Start the demo, wait for its trainer, SIGTERM the demo; its exit status and the run's processes (of those seen
+    before the signal, or found by Ray's temp dir) still alive after it exited."""
+    env = {**os.environ, "RAY_TMPDIR": ray_root}
+    cmd = [sys.executable, "-m", "recipe.exgrpo.cpu_demo", "--steps", "1000", "--test-freq", "0", "--out", str(out)]
+    # the demo in its own session too, so that nothing of it outlives this test
+    with (
+        (tmp_path / "stdout").open("w") as stdout,
+        (tmp_path / "stderr").open("w") as stderr,
+        new_session(cmd, cwd=repo_root, env=env, stdout=stdout, stderr=stderr) as demo_proc,
+    ):
         deadline = time.monotonic() + RAY_UP_WITHIN_S
-        # Ray is up when its GCS and raylet run and the raylet has written its log (the processes exist a moment
-        # before the log: CI once found them, with the raylet still loading, and no log yet)
-        while (
-            not ((seen := _ray_up(ray_dir)) and ray_started(ray_dir))
-            and inner.poll() is None
-            and time.monotonic() < deadline
-        ):
+        log, seen = out / "train.log", []
+        while demo_proc.poll() is None and time.monotonic() < deadline:
+            # the trainer runs once its task runner printed: Ray's GCS and raylet run and the raylet wrote its log
+            if log.exists() and TRAINER_STARTED in log.read_text(errors="replace"):
+                if (seen := _ray_up(ray_root)) and ray_started(os.path.join(ray_root, "ray")):
+                    break
             time.sleep(0.5)
-        assert inner.poll() is None, f"the pytest ended before it was terminated:\n{log.read_text()[-4000:]}"
-        assert seen and ray_started(ray_dir), (
-            f"Ray did not start within {RAY_UP_WITHIN_S} s:\n{log.read_text()[-4000:]}"
-        )
-        inner.send_signal(signal.SIGTERM)  # the pytest process only, as a CI runner or a shell would send it
-        returncode = inner.wait(timeout=90)
-        # already gone when pytest has exited (REAPED_WITHIN_S only lets the kernel reap the killed processes)
-        left = wait_none_left(ray_dir, deadline_s=REAPED_WITHIN_S)
+        assert demo_proc.poll() is None, f"the demo ended before it was stopped:\n{_tail(tmp_path, out)}"
+        assert seen and ray_started(os.path.join(ray_root, "ray")), f"no trainer within {RAY_UP_WITHIN_S} s"
+        demo_proc.send_signal(signal.SIGTERM)  # the demo's process only, as `kill`, `timeout` or a shell sends it
+        returncode = demo_proc.wait(timeout=120)
+        # already gone when the demo has exited (REAPED_WITHIN_S only lets the kernel reap the killed processes)
+        left = wait_none_left(ray_root, deadline_s=REAPED_WITHIN_S)
         left += [p for p in seen if _alive(p) and p.pid not in {q.pid for q in left}]
     return returncode, [(p.pid, _cmdline(p)[:160]) for p in left]
+
+
+def _tail(tmp_path: Path, out: Path) -> str:
+    parts = [tmp_path / "stdout", tmp_path / "stderr", out / "train.log"]
+    return "\n".join(p.read_text(errors="replace")[-2000:] for p in parts if p.exists())

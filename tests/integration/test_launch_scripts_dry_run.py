@@ -9,6 +9,7 @@ recipe.exgrpo.launch_checks.dry_run) end to end. Nothing starts Ray, loads a mod
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import stat
 import subprocess
@@ -620,6 +621,32 @@ def test_eval_scripts_refuse_a_checkpoint_folder_without_weights(tmp_path):
     proc = run_script(REPO / "scripts" / "eval" / "eval_id.sh", env=env)
     assert proc.returncode == 2 and "holds no weights" in proc.stderr
     assert "python -m verl.model_merger merge --backend fsdp" in proc.stderr
+
+
+def test_eval_scripts_take_data_paths_and_print_without_the_data(tmp_path):
+    """An absolute ID_FILE was looked up under DATA_DIR; DRY_RUN=print stopped at a missing data file."""
+    own = tmp_path / "mine" / "my_id.parquet"
+    own.parent.mkdir()
+    own.touch()
+    env = script_env(tmp_path, DRY_RUN="print", DATA_DIR=str(tmp_path / "empty"), ID_FILE=str(own))
+    proc = run_script(REPO / "scripts" / "eval" / "eval_id.sh", env=env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    printed = shlex.split(proc.stdout)
+    assert printed[printed.index("--data") + 1] == str(own)
+    # nothing there: the command is printed all the same, with a note per missing file
+    env = script_env(tmp_path, DRY_RUN="print", DATA_DIR=str(tmp_path / "empty"))
+    for script, names in (("eval_id.sh", ["test_id.parquet"]), ("eval_ood.sh", ["arc_c", "gpqa_diamond", "mmlu_pro"])):
+        proc = run_script(REPO / "scripts" / "eval" / script, env=env)
+        assert proc.returncode == 0, proc.stderr
+        paths = [str(tmp_path / "empty" / (n if n.endswith(".parquet") else f"{n}.parquet")) for n in names]
+        printed = shlex.split(proc.stdout)
+        assert printed[printed.index("--data") + 1 : printed.index("--data") + 1 + len(paths)] == paths
+        assert [line.split(" not found")[0].split("note: ")[1] for line in proc.stderr.splitlines()] == paths
+    # without DRY_RUN the missing file still stops the script, naming it
+    env = script_env(tmp_path, DATA_DIR=str(tmp_path / "empty"), MODEL_PATH=str(own.parent))
+    (own.parent / "model.safetensors").touch()
+    proc = run_script(REPO / "scripts" / "eval" / "eval_id.sh", env=env)
+    assert proc.returncode == 2 and f"error: {tmp_path / 'empty' / 'test_id.parquet'} not found" in proc.stderr
 
 
 # ------------------------------------------------------------------- tool-integrated reasoning

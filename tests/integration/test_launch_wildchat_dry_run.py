@@ -134,12 +134,20 @@ def test_the_binary_mode_refuses_a_reward_model():
     )
 
 
-def test_the_script_refuses_a_reward_model_pool_that_leaves_no_actor(tmp_path):
+def test_the_script_refuses_a_reward_model_pool_that_leaves_no_actor(tmp_path, monkeypatch):
     proc = run_script(EXGRPO, env=script_env(tmp_path, DRY_RUN="print", RM_GPUS_PER_NODE="8"))
     assert proc.returncode == 2 and "leaves no GPU for the actor" in proc.stderr
-    # 8 - 2 = 6 actor GPUs: the step's 1024 responses do not split over them; the dry run says so
-    with pytest.raises(DryRunError, match="do not split evenly over 6 data-parallel ranks"):
+    # 8 - 2 = 6 actor GPUs: the step's 1024 responses do not split over them; the dry run says so, naming the
+    # script's variable that took the two (it named only trainer.n_gpus_per_node, which the user never set)
+    monkeypatch.setenv(NODE_GPUS_ENV, "8")  # as the script exports it for its dry run
+    with pytest.raises(DryRunError, match="do not split evenly over 6 data-parallel ranks") as err:
         dry_run(_launch(RM_GPUS_PER_NODE="2") + ROUTER_FUNCTION)
+    assert all(
+        "the nodes' 8 (N_GPUS_PER_NODE) less the reward model's 2 (RM_GPUS_PER_NODE of the launch script, "
+        "reward.reward_model.n_gpus_per_node); RM_GPUS_PER_NODE=4 or 6 or 7 would fit" in p
+        for p in err.value.problems
+        if "do not split" in p
+    ), err.value.problems
 
 
 def test_dry_run_mode_end_to_end(tmp_path):
@@ -147,6 +155,8 @@ def test_dry_run_mode_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[dry-run] OK" in proc.stderr and "reward_mode=continuous(members=above_mean" in proc.stderr
     assert "steps=2 epochs" in proc.stderr
+    # verl's warnings about its optional engines (torchtitan, veomni, ...), five on every command that imports it
+    assert "engine is not available" not in proc.stderr and "UserWarning: torchtitan" not in proc.stderr
     missing = run_script(EXGRPO, env=script_env(tmp_path, DRY_RUN="0", PREFLIGHT="0"))
     assert missing.returncode == 2 and "RM_PATH is not set" in missing.stderr
 

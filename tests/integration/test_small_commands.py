@@ -3,7 +3,9 @@ help, its line when validation is off, and a mistyped demo override caught with 
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +84,38 @@ def test_a_mistyped_demo_override_stops_before_the_assets_with_a_did_you_mean(tm
     bad_value = demo.override_problems(demo.demo_run(tmp_path, extra_overrides=["exgrpo.replay_ratio=1.5"]))
     assert any("exgrpo.replay_ratio" in p and "1.5" in p for p in bad_value), bad_value
     assert demo.override_problems(demo.demo_run(tmp_path, extra_overrides=["exgrpo.replay_ratio=0.25"])) == []
+
+
+def _stub(path: Path, log: Path) -> None:
+    path.write_text(f'#!/usr/bin/env bash\necho "$(basename "$0") $*" >> "{log}"\n')
+    path.chmod(0o755)
+
+
+def test_the_test_command_on_a_selection_builds_nothing_it_may_not_need(tmp_path, repo_root):
+    """``run_tests.sh -k PATTERN`` built the vLLM venv and all three tiny models (minutes) before its few tests."""
+    root, log = tmp_path / "checkout", tmp_path / "calls.log"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "run_tests.sh").write_text((repo_root / "scripts" / "run_tests.sh").read_text())
+    _stub(root / "scripts" / "setup_env.sh", log)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for tool in ("python", "ruff"):
+        _stub(venv / "bin" / tool, log)
+
+    def calls(*args: str) -> list[str]:  # what the test command ran
+        log.unlink(missing_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EXGRPO_")}
+        proc = subprocess.run(
+            ["bash", str(root / "scripts" / "run_tests.sh"), *args],
+            env={**env, "VENV": str(venv)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return log.read_text().splitlines()
+
+    selection = calls("-k", "pool")
+    assert "setup_env.sh --vllm" not in selection and not [c for c in selection if "harness.assets" in c]
+    assert [c for c in selection if c.startswith("python -m pytest")] == ["python -m pytest --durations=25 -k pool"]
+    # (the whole suite, no arguments, still builds both beside its sessions: CI runs that path every time)

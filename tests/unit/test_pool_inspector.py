@@ -6,6 +6,8 @@ one line naming it with the documented exit status (1: damaged pool, the loader'
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -230,6 +232,24 @@ def test_plot_writes_a_png(binary_ckpt: Path, tmp_path: Path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_figures_count_in_whole_numbers(binary_ckpt: Path, tmp_path: Path, monkeypatch):
+    """Counts, lengths and ages get whole-number ticks (the per-question panel showed 0.75 trajectories)."""
+    from exgrpo.experience.persistence import open_experience
+    from exgrpo.pool import plot
+    from exgrpo.pool.source import resolve_pool_dir
+    from exgrpo.pool.summary import summarize
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figures.append(fig) or Path(out))
+    plot.plot_summary(summarize(open_experience(resolve_pool_dir(binary_ckpt))), tmp_path / "pool.png")
+    (fig,) = figures
+    for ax in fig.axes:
+        for axis in (ax.yaxis, *([ax.xaxis] if ax is not fig.axes[0] else [])):  # the first: bucket labels
+            low, high = axis.get_view_interval()
+            ticks = [t for t in axis.get_majorticklocs() if low <= t <= high]
+            assert all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
 # ------------------------------------------------------------------------------------------- across a run
 def test_across_follows_the_checkpoints_in_step_order(tmp_path: Path, capsys):
     """Checkpoints after steps 1, 2 and 10 (numeric order, not the names' order) and one without a pool."""
@@ -271,6 +291,25 @@ def test_across_follows_the_checkpoints_in_step_order(tmp_path: Path, capsys):
     assert "steps 5" in out
 
 
+def test_across_draws_the_mean_length_beside_the_trajectories(tmp_path: Path, monkeypatch):
+    """The pool's tokens grow with its trajectories: on a twin axis the two lines lay on top of each other."""
+    from exgrpo.pool import plot
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figures.append(fig) or Path(out))
+    rows = [
+        {"step": s, "k": 2, "reward_mode": "binary", "buckets": [n, 0], "retired": 0, "trajectories": n, "tokens": t}
+        for s, n, t in ((5, 4, 80), (10, 10, 190), (15, 20, 420))
+    ]
+    plot.plot_across(rows, tmp_path / "across.png")
+    (fig,) = figures
+    twin = fig.axes[-1]
+    (line,) = twin.get_lines()
+    assert line.get_label() == "tokens per trajectory" and list(line.get_ydata()) == [20.0, 19.0, 21.0]
+    steps = fig.axes[1].xaxis.get_majorticklocs()
+    assert all(float(t).is_integer() for t in steps), steps
+
+
 def test_across_finds_the_demo_layout_under_checkpoints(binary_ckpt: Path, capsys):
     """The CPU demo's output folder holds the checkpoints under checkpoints/."""
     demo_out = binary_ckpt.parent.parent / "demo"
@@ -279,6 +318,17 @@ def test_across_finds_the_demo_layout_under_checkpoints(binary_ckpt: Path, capsy
     rc, out, err = _run(["inspect", str(demo_out), "--across", "--json"], capsys)
     assert rc == 0, err
     assert [r["step"] for r in json.loads(out)["checkpoints"]] == [3]
+
+
+def test_a_runs_folder_without_across_says_what_to_type(binary_ckpt: Path, capsys):
+    demo_out = binary_ckpt.parent.parent / "demo"
+    (demo_out / "checkpoints").mkdir(parents=True)
+    binary_ckpt.rename(demo_out / "checkpoints" / binary_ckpt.name)
+    rc, _, err = _run(["inspect", str(demo_out)], capsys)
+    assert rc == 2 and _one_line_error(err) == (
+        f"error: {demo_out}: a run's folder, with 1 checkpoint(s) (steps 3): add --across for the whole run, or give "
+        f"one checkpoint, e.g. {demo_out / 'checkpoints' / binary_ckpt.name}"
+    )
 
 
 def test_an_interrupted_overwrite_is_read_from_its_previous_copy(binary_ckpt: Path, capsys):
@@ -447,6 +497,22 @@ def test_not_a_pool_and_missing_paths(tmp_path: Path, capsys):
     assert rc == 2 and f"{tmp_path}: no saved experience pool" in _one_line_error(err)
     rc, _, err = _run(["inspect", str(tmp_path), "--across"], capsys)
     assert rc == 2 and f"{tmp_path}: no global_step_N checkpoints" in _one_line_error(err)
+
+
+def test_an_export_is_an_ordinary_file_in_a_folder_that_exists(binary_ckpt: Path, tmp_path: Path, capsys):
+    previous = os.umask(0o022)
+    try:
+        rc, _, err = _run(["export", str(binary_ckpt), str(tmp_path / "pool.parquet")], capsys)
+    finally:
+        os.umask(previous)
+    assert rc == 0, err
+    assert stat.S_IMODE((tmp_path / "pool.parquet").stat().st_mode) == 0o644  # as every other output (not 0600)
+    missing = tmp_path / "no-such-folder"
+    rc, _, err = _run(["export", str(binary_ckpt), str(missing / "pool.parquet")], capsys)
+    assert rc == 2 and _one_line_error(err) == (
+        f"error: {missing / 'pool.parquet'}: its folder {missing} does not exist (create it first)"
+    )
+    assert not missing.exists()
 
 
 def test_outputs_that_cannot_be_written(binary_ckpt: Path, tmp_path: Path, capsys):

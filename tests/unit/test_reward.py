@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -244,6 +245,39 @@ def test_a_worker_killed_from_outside_scores_error_once_then_recovers():
         assert grade("<think>x</think> \\boxed{3/4}", "0.75", timeout_s=60.0, pool=pool).score == 1.0
     finally:
         pool.close()
+
+
+def test_a_closed_pools_workers_dying_as_they_start_is_no_news(monkeypatch, caplog):
+    """A command that ends (here: a duplicate-question error in preprocessing) closes the pool at exit while a worker
+    is still starting; that worker dies with the thread that forked it. That was logged as "grading worker start
+    failed"; a start that fails while the pool is open still is."""
+    import logging
+    from types import SimpleNamespace
+
+    from exgrpo.reward import isolation
+
+    release = threading.Event()
+
+    def launch(self):  # a worker that never says ready: its start fails once released
+        replies = SimpleNamespace(poll=lambda timeout: release.wait(30) and False, close=lambda: None)
+        return SimpleNamespace(kill=lambda: None, replies=replies, process=SimpleNamespace(poll=lambda: -9))
+
+    monkeypatch.setattr(isolation.GraderPool, "_launch", launch)
+    caplog.set_level(logging.WARNING, logger=isolation.logger.name)
+    for close_first in (True, False):
+        pool = GraderPool(max_workers=1)
+        pool.start(wait=False)
+        if close_first:
+            pool.close()
+        release.set()
+        end = time.monotonic() + 30  # a backstop: the failure follows at once
+        while pool._starting and time.monotonic() < end:
+            time.sleep(0.01)
+        assert pool._starting == 0 and pool.live_workers == 0
+        failed = [r for r in caplog.records if "grading worker start failed" in r.getMessage()]
+        assert len(failed) == (0 if close_first else 1), (close_first, failed)
+        pool.close()
+        release.clear()
 
 
 def test_timeout_works_off_the_main_thread():

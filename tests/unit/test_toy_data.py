@@ -191,3 +191,23 @@ def test_cli_writes_both_splits(tmp_path, capsys):
 def test_cli_rejects_an_unknown_level(tmp_path):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--levels", "easy,impossible"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train-per-level", "-1"], "--train-per-level must be at least 1, got -1"),
+        (["--val-per-level", "-2"], "--val-per-level must be at least 0, got -2"),
+        (
+            ["--train-per-level", "5000", "--levels", "easy"],
+            "--train-per-level 5000 --val-per-level 128: level 'easy': train_per_level + val_per_level = 5128 "
+            "exceeds its 1980 distinct questions",
+        ),
+    ],
+)
+def test_cli_bad_counts_are_one_line_naming_the_flag(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exc:  # was a ValueError traceback
+        main(["--out", str(tmp_path / "o"), *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.splitlines()[-1] == f"python -m data_preprocess.toy_arithmetic: error: {message}"
+    assert not (tmp_path / "o").exists()

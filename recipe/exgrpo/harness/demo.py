@@ -1,11 +1,13 @@
 """Tiny ExGRPO training on CPU through the real verl trainer: the README's main command.
 
-``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [hydra overrides...]`` builds
-(or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
+``python -m recipe.exgrpo.cpu_demo [--steps N] [--seed S] [--onpolicy] [--out DIR] [--resume] [hydra overrides...]``
+builds (or reuses) the tiny warmed-up Qwen2 model and the toy arithmetic data with its easy/medium/hard split
 (recipe/exgrpo/harness/assets.py, no downloads), runs ``python -m recipe.exgrpo.main_exgrpo`` with the CPU backend
 under a hard wall-clock limit, prints one short line per step (the full verl log goes to ``<out>/train.log``,
-every metric to ``<out>/metrics.jsonl``), and ends with a summary and a PNG learning curve (validation
-accuracy per difficulty, batch pass rate, pool size, replayed share).
+every metric to ``<out>/metrics.jsonl``) and when replay starts, and ends with a summary and a PNG learning curve
+(validation accuracy per difficulty, batch pass rate, pool size, replayed share). One folder holds one run (an
+earlier one is moved to ``<out>.old-N``; ``--resume`` continues it, its history kept); SIGTERM, SIGHUP or Ctrl-C
+stop the training with one line.
 
 The same functions drive the e2e tests and the CPU benchmarks (``benchmarks/learning_cpu.py``,
 ``benchmarks/exgrpo_vs_grpo_cpu.py``). The demo's settings are :data:`DEMO_SETTINGS`; how they were chosen and
@@ -211,6 +213,11 @@ def launch(
     Everything the trainer prints goes to ``<output_dir>/train.log``; its metrics to ``metrics.jsonl``. With
     ``echo`` the log is copied to stdout as it grows; ``on_step`` is called with each metrics row as verl's file
     logger writes it (the demo's short per-step line).
+
+    One folder holds one run. A fresh run (``resume_mode`` disable) into a folder that holds another run's files
+    moves them aside first (:func:`set_aside_previous_run`). A resume keeps the history: the metrics of the steps up
+    to the checkpoint it resumes from stay, merged by step with the resumed steps' (:func:`merge_metrics`; verl's
+    file logger itself starts its file empty).
     """
     if assets is None:
         from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
@@ -219,34 +226,160 @@ def launch(
     run.output_dir = Path(run.output_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run.output_dir / "metrics.jsonl"
-    if metrics_path.exists():
-        metrics_path.unlink()
+    resumed_from = resume_step(run)
+    if run.resume_mode == "disable":
+        set_aside_previous_run(run.output_dir, keep=(RUN_RECORD,))  # (the demo moved its own run aside already)
+    elif resumed_from is not None:
+        keep_history(run.output_dir, resumed_from)
+    metrics_path.unlink(missing_ok=True)
     overrides = build_overrides(run, str(assets.model_path), str(assets.train_file), str(assets.val_file))
     env = {**os.environ, **cpu_env(output_dir=run.output_dir, wall_limit_s=run.wall_limit_s)}
     cmd = [run.python or sys.executable, "-m", "recipe.exgrpo.main_exgrpo", *overrides]
     log_path = run.output_dir / "train.log"
-    log_path.write_text("")
+    if resumed_from is None or not log_path.exists():
+        log_path.write_text("")
+    else:  # the log of the steps before too
+        with open(log_path, "a") as log:
+            log.write(f"\n[demo] ===== resumed from the checkpoint of step {resumed_from} =====\n")
     stop = threading.Event()
     followers = []
     if echo:
-        followers.append(threading.Thread(target=_follow_text, args=(log_path, stop), daemon=True))
+        start = log_path.stat().st_size if resumed_from is not None else 0  # (not the log before the resume again)
+        followers.append(threading.Thread(target=_follow_text, args=(log_path, stop, start), daemon=True))
     if on_step:
         followers.append(threading.Thread(target=_follow_metrics, args=(metrics_path, stop, on_step), daemon=True))
     for t in followers:
         t.start()
     try:
         return run_ray_command_in_new_session(
-            cmd, env=env, cwd=str(REPO_ROOT), timeout_s=run.wall_limit_s + 60, log_path=log_path
+            cmd, env=env, cwd=str(REPO_ROOT), timeout_s=run.wall_limit_s + 60, log_path=log_path, append=True
         )
     finally:
         stop.set()
         for t in followers:
             t.join(timeout=5)
+        if resumed_from is not None:
+            merge_metrics(run.output_dir)
 
 
-def _follow_text(path: Path, stop: threading.Event) -> None:
-    """Print the run's log as it grows."""
+#: Where a resumed run keeps the metrics of the steps before its checkpoint while verl's file logger writes the
+#: resumed steps into a new metrics.jsonl; merged back when the run ends (and by the next resume, if it never did).
+METRICS_BEFORE_RESUME = "metrics.before-resume.jsonl"
+#: What a run writes into its output folder (besides ``train.log`` and its ``train.log.ray-startup-N`` siblings).
+RUN_FILES = ("metrics.jsonl", METRICS_BEFORE_RESUME, "checkpoints", "hydra", "learning_curve.png", "demo_run.json")
+#: verl's record of the last complete checkpoint, in ``trainer.default_local_dir``
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def run_files(out: Path) -> list[Path]:
+    """The files of a run in the folder ``out`` (none when it holds no run)."""
+    if not Path(out).is_dir():
+        return []
+    return sorted(
+        p for p in Path(out).iterdir() if p.name in RUN_FILES or p.name.split(".ray-startup")[0] == "train.log"
+    )
+
+
+def set_aside_previous_run(out: Path, keep: tuple[str, ...] = ()) -> Path | None:
+    """Move the files of the run in ``out`` (:func:`run_files`, but those named in ``keep``) into a new sibling
+    folder ``<out>.old-N`` and return it (None when ``out`` holds no run): a fresh run never mixes with another's
+    metrics, trace or checkpoints. Files that are not a run's stay where they are."""
+    found = [p for p in run_files(out) if p.name not in keep]
+    if not found:
+        return None
+    n = 1
+    while (aside := out.with_name(f"{out.name}.old-{n}")).exists():
+        n += 1
+    aside.mkdir(parents=True)
+    for path in found:
+        os.replace(path, aside / path.name)
+    return aside
+
+
+def latest_checkpoint(out: Path) -> int | None:
+    """The step of the last complete checkpoint of the run in ``out`` (verl's tracker file), None when none."""
+    tracker = Path(out) / "checkpoints" / CHECKPOINT_TRACKER
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def resume_step(run: ExGRPOCpuRun) -> int | None:
+    """The step a run resumes from: the last checkpoint in its folder (``resume_mode`` auto), the step of
+    ``resume_from_path`` (resume_path); None for a fresh run or when there is nothing to resume."""
+    if run.resume_mode == "auto":
+        return latest_checkpoint(run.output_dir)
+    if run.resume_mode == "resume_path" and run.resume_from_path:
+        name = Path(run.resume_from_path).name
+        return int(name.rsplit("_", 1)[1]) if name.startswith("global_step_") and name[12:].isdigit() else None
+    return None
+
+
+def _records(path: Path) -> list[dict]:
+    """The records of a metrics file as verl's file logger writes them (``{"step": n, "data": {...}}``); torn lines
+    skipped."""
+    import json
+
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            out.append(record)
+    return out
+
+
+def _write_records(path: Path, records: list[dict]) -> None:
+    import json
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)
+
+
+def merge_by_step(*sources: list[dict]) -> list[dict]:
+    """One record per step, in step order: the records of ``sources`` merged key by key (a later source's value of
+    a key wins; verl logs a resumed run's validation at the step it resumes from, next to that step's own row)."""
+    merged: dict[int, dict] = {}
+    for records in sources:
+        for record in records:
+            merged.setdefault(record["step"], {}).update(record.get("data", {}))
+    return [{"step": step, "data": data} for step, data in sorted(merged.items())]
+
+
+def keep_history(out: Path, resumed_from: int) -> dict[str, list[int]]:
+    """Before a resume from step ``resumed_from``: the metrics of the steps up to it (from ``metrics.jsonl`` and what
+    an interrupted resume left in :data:`METRICS_BEFORE_RESUME`) go to :data:`METRICS_BEFORE_RESUME`; those of later
+    steps, logged after that checkpoint, are dropped (the resumed run does them again). Returns the steps kept and
+    dropped."""
+    out = Path(out)
+    side, current = out / METRICS_BEFORE_RESUME, out / "metrics.jsonl"
+    rows = merge_by_step(_records(side), _records(current))
+    kept = [r for r in rows if r["step"] <= resumed_from]
+    _write_records(side, kept)
+    current.unlink(missing_ok=True)
+    return {"kept": [r["step"] for r in kept], "dropped": [r["step"] for r in rows if r["step"] > resumed_from]}
+
+
+def merge_metrics(out: Path) -> None:
+    """After a resumed run: ``metrics.jsonl`` = the kept history merged by step with the resumed steps' metrics."""
+    out = Path(out)
+    side, current = out / METRICS_BEFORE_RESUME, out / "metrics.jsonl"
+    if not side.exists():
+        return
+    _write_records(current, merge_by_step(_records(side), _records(current)))
+    side.unlink()
+
+
+def _follow_text(path: Path, stop: threading.Event, start: int = 0) -> None:
+    """Print the run's log as it grows (from byte ``start``)."""
     with open(path, errors="replace") as f:
+        f.seek(start)
         while True:
             line = f.readline()
             if line:
@@ -263,7 +396,7 @@ def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict],
     from recipe.exgrpo.harness.learning_curves import parse_metrics_line
 
     while not path.exists():
-        if stop.wait(0.2):
+        if stop.wait(0.2) and not path.exists():  # (a run may end before this thread saw its file)
             return
     with open(path, errors="replace") as f:
         pending = ""
@@ -379,17 +512,15 @@ def override_problems(run: ExGRPOCpuRun) -> list[str]:
     """The problems the launch scripts' dry run (``python -m recipe.exgrpo.dry_run``, in a subprocess with the CPU
     run's environment) finds in the demo's config with its extra overrides: a mistyped key with its did-you-mean, a
     value out of range. Empty when it validates. About 15 s (verl is imported), so only run for extra overrides."""
-    import subprocess
+    from recipe.exgrpo.harness.procs import run_captured  # its own session: a stopped demo stops the check too
 
     overrides = build_overrides(run, *_PLACEHOLDERS)
     env = {**os.environ, **cpu_env(output_dir=run.output_dir, wall_limit_s=run.wall_limit_s)}
-    proc = subprocess.run(
+    proc = run_captured(
         [run.python or sys.executable, "-m", "recipe.exgrpo.dry_run", "--quiet", "--", *overrides],
-        cwd=str(REPO_ROOT),
+        timeout_s=600,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        cwd=str(REPO_ROOT),
     )
     if proc.returncode == 0:
         return []
@@ -410,10 +541,45 @@ def run_description(run: ExGRPOCpuRun, test_freq: int) -> str:
     return f"{run.steps} steps of {run.train_batch_size} questions x K = {run.rollout_n}, lr {run.lr:g}, {validation}"
 
 
+# ---------------------------------------------------------------------------------------------- the command
+def _int_at_least(low: int, meaning: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"an integer is needed, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}{meaning}, got {value}")
+        return value
+
+    return parse
+
+
+def _save_freq(text: str) -> int:
+    value = _int_at_least(-1)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be -1 (no checkpoints) or >= 1 (every N steps), got 0")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds is needed, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = demo_run(".")
     parser = argparse.ArgumentParser(prog="python -m recipe.exgrpo.cpu_demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default {defaults.steps})")
+    parser.add_argument(
+        "--steps", type=_int_at_least(1), default=defaults.steps, help=f"training steps (default {defaults.steps})"
+    )
     parser.add_argument(
         "--seed",
         type=int,
@@ -421,7 +587,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seed of data order, sampling and replay (default {defaults.seed})",
     )
     parser.add_argument(
-        "--out", help="output folder (default: outputs/cpu_demo, outputs/cpu_demo_vllm for vllm; _v1 with --trainer v1)"
+        "--out",
+        help="output folder (default: outputs/cpu_demo, outputs/cpu_demo_vllm for vllm; _v1 with --trainer v1); one "
+        "run per folder: an "
+        "earlier run in it is moved to <out>.old-N, unless --resume",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint (it must have saved one: --save-freq), keeping its "
+        "metrics; give the flags it was started with (--steps may be larger)",
     )
     parser.add_argument("--onpolicy", action="store_true", help="plain on-policy GRPO (exgrpo.enable=false)")
     parser.add_argument(
@@ -445,14 +620,17 @@ def build_parser() -> argparse.ArgumentParser:
         "taught it the call (docs/tools.md); prints and draws the tool-call rate per level",
     )
     parser.add_argument(
-        "--test-freq", type=int, default=10, help="validate every N steps and before training (default 10; 0: off)"
+        "--test-freq",
+        type=_int_at_least(0, " (0: no validation)"),
+        default=10,
+        help="validate every N steps and before training (default 10; 0: off)",
     )
     parser.add_argument(
-        "--wall-limit", type=float, default=1500.0, help="hard wall-clock limit in seconds (default 1500)"
+        "--wall-limit", type=_positive_seconds, default=1500.0, help="hard wall-clock limit in seconds (default 1500)"
     )
     parser.add_argument(
         "--save-freq",
-        type=int,
+        type=_save_freq,
         default=-1,
         help="checkpoint (verl's state and the pool) every N steps (default -1: off)",
     )
@@ -467,12 +645,262 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "overrides",
         nargs="*",
-        help="extra hydra overrides, e.g. exgrpo.replay_ratio=0.25 (checked first by the launch scripts' dry run)",
+        help="extra hydra overrides, e.g. exgrpo.replay_ratio=0.25 (checked first by the launch scripts' dry run); "
+        "one of a setting the demo shows (steps, batch, K, lr, validation, tau, rho) is shown as given",
     )
     return parser
 
 
+#: Overrides of the settings the demo sets and shows itself, and the field of :class:`ExGRPOCpuRun` that holds each:
+#: an extra override of one becomes the run's value (:func:`take_run_overrides`), so that the header, the step lines,
+#: the summary and the curve show what the trainer runs.
+RUN_FIELDS: dict[str, tuple[str, type]] = {
+    "trainer.total_training_steps": ("steps", int),
+    "data.train_batch_size": ("train_batch_size", int),
+    "actor_rollout_ref.rollout.n": ("rollout_n", int),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("ppo_mini_batch_size", int),
+    "actor_rollout_ref.actor.optim.lr": ("lr", float),
+    "data.max_prompt_length": ("max_prompt_length", int),
+    "data.max_response_length": ("max_response_length", int),
+    "trainer.test_freq": ("test_freq", int),
+    "trainer.save_freq": ("save_freq", int),
+    "trainer.val_before_train": ("val_before_train", bool),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": ("val_temperature", float),
+    "actor_rollout_ref.rollout.val_kwargs.n": ("val_n", int),
+    "exgrpo.enable": ("exgrpo_enable", bool),
+    "exgrpo.replay_ratio": ("replay_ratio", float),
+    "exgrpo.delayed_start_threshold": ("delayed_start_threshold", float),
+}
+
+
+def _typed(text: str, kind: type) -> Any:
+    """``text`` as hydra would read it, when it is a plain value of ``kind`` (else None: left to hydra)."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if kind is bool:
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if kind is int:
+        return value if isinstance(value, int) else None
+    return float(value)
+
+
+def take_run_overrides(run: ExGRPOCpuRun) -> list[str]:
+    """Move the extra overrides of :data:`RUN_FIELDS` into ``run``'s fields (the last one of a key wins, as in
+    hydra); returns the keys taken. A value hydra must read itself (an interpolation, a list) stays an override, and
+    so does a key the run's reward mode does not read (the trainer names the mode that does)."""
+    mode_keys = get_reward_mode(run.reward_mode).options
+    rest, taken = [], []
+    for override in run.extra_overrides:
+        key, sep, text = override.partition("=")
+        field_kind = RUN_FIELDS.get(key) if sep else None
+        if field_kind and key.startswith("exgrpo.") and key == "exgrpo.delayed_start_threshold":
+            field_kind = field_kind if "delayed_start_threshold" in mode_keys else None
+        value = _typed(text, field_kind[1]) if field_kind else None
+        if value is None:
+            rest.append(override)
+            continue
+        setattr(run, field_kind[0], value)
+        taken.append(key)
+    run.extra_overrides = rest
+    return taken
+
+
+def run_problems(run: ExGRPOCpuRun) -> list[str]:
+    """What makes the run pointless, with the flag or key to change (an override may have set it)."""
+    problems = []
+    if run.steps < 1:
+        problems.append(f"{run.steps} training steps (--steps or trainer.total_training_steps): at least 1")
+    if run.test_freq < 0:
+        problems.append(f"validation every {run.test_freq} steps (--test-freq or trainer.test_freq): >= 0 (0: off)")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------- the delayed start
+def exgrpo_settings(run: ExGRPOCpuRun) -> dict[str, Any]:
+    """The ``exgrpo.*`` values the trainer gets (the demo's and the extra overrides', the last one winning)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for override in build_overrides(run, *_PLACEHOLDERS):
+        key, sep, text = override.lstrip("+").partition("=")
+        if sep and key.startswith("exgrpo.") and key.count(".") == 1:
+            try:
+                out[key.split(".", 1)[1]] = yaml.safe_load(text)
+            except yaml.YAMLError:
+                continue
+    return out
+
+
+def replay_schedule(run: ExGRPOCpuRun):
+    """The run's delayed start and replay ratio (``exgrpo.schedule.ExperienceSchedule``, from its ``exgrpo.*``
+    settings); None for on-policy GRPO or settings the trainer will refuse anyway."""
+    from exgrpo.config import ExGRPOConfig
+    from exgrpo.schedule import ExperienceSchedule
+
+    try:
+        cfg = ExGRPOConfig.from_dict(exgrpo_settings(run), k=run.rollout_n)
+    except Exception:  # the override check, or the trainer, names the problem
+        return None
+    return ExperienceSchedule.from_config(cfg) if cfg.enable else None
+
+
+_SIGNAL_WORDS = {
+    "pass_rate": ("batch pass rate", "exgrpo.delayed_start_threshold"),
+    "mean_reward": ("batch mean reward", "exgrpo.continuous_start_reward"),
+}
+
+
+def delayed_start_line(schedule, warm_pass_rate: float | None = None) -> str:
+    """The delayed start at start-up: when replay starts and why (the warmed-up model's pass rate beside tau)."""
+    share = f"replay then fills {schedule.target_ratio:g} of each batch (exgrpo.replay_ratio)"
+    if schedule.mixed:
+        return f"no delayed start: replay from step 2 (step 1 fills the pool); {share}"
+    if schedule.signal == "steps":
+        return f"delayed start: replay after step {schedule.start_steps} (exgrpo.continuous_start_steps); {share}"
+    what, key = _SIGNAL_WORDS[schedule.signal]
+    line = f"delayed start: no replay until a step's {what} is above {schedule.threshold:g} ({key}); {share}"
+    if schedule.signal == "pass_rate" and warm_pass_rate is not None:
+        where = "above it" if warm_pass_rate > schedule.threshold else "below it: replay waits until training lifts it"
+        line += f". The warmed-up model passes {warm_pass_rate:.2f}, {where}"
+    return line
+
+
+class StepPrinter:
+    """The demo's console line for each metrics row, and a line at the step replay starts (the delayed start)."""
+
+    def __init__(self, total_steps: int, schedule=None, write: Callable[[str], None] = print) -> None:
+        self.total_steps, self.schedule, self.write = total_steps, schedule, write
+        self.previous: dict | None = None
+
+    def switch_line(self, row: dict) -> str | None:
+        if "exgrpo/mixed" not in row or self.schedule is None:
+            return None
+        previous, self.previous = self.previous, row
+        if previous is None or previous.get("exgrpo/mixed", 1.0) >= 0.5 or row["exgrpo/mixed"] < 0.5:
+            return None
+        step, before = int(row.get("step") or 0), int(previous.get("step") or 0)
+        why = "the delayed start passed"
+        if self.schedule.signal in _SIGNAL_WORDS and "exgrpo/batch_pass_rate" in previous:
+            what = _SIGNAL_WORDS[self.schedule.signal][0]
+            value = previous.get(
+                "exgrpo/reward/mean" if self.schedule.signal == "mean_reward" else "exgrpo/batch_pass_rate"
+            )
+            if value is not None:
+                why = f"step {before}'s {what} {value:.3f} > {self.schedule.threshold:g}"
+        return f"step {step}: replay starts ({why})"
+
+    def __call__(self, row: dict) -> None:
+        lines = [x for x in (self.switch_line(row), step_line(row, self.total_steps)) if x]
+        if lines:
+            self.write("[demo] " + "\n".join(lines).replace("\n", "\n[demo] "))
+
+
+def replay_summary(rows: list[dict], schedule) -> str:
+    """The summary's line on replay: from which step, or why never (the delayed start's threshold)."""
+    steps = sorted((r for r in rows if "exgrpo/batch_pass_rate" in r), key=lambda r: int(r.get("step") or 0))
+    if not steps or schedule is None:
+        return ""
+    replayed = [r for r in steps if r.get("exgrpo/replayed_questions", 0) > 0]
+    mixed = [int(r["step"]) for r in steps if r.get("exgrpo/mixed", 0) >= 0.5]
+    first, last = int(steps[0]["step"]), int(steps[-1]["step"])
+    if mixed:
+        text = f"replay: on from step {mixed[0]} to {last}, questions replayed at {len(replayed)} of {len(steps)} steps"
+        if mixed[0] > first and schedule.signal in _SIGNAL_WORDS:
+            what, key = _SIGNAL_WORDS[schedule.signal]
+            text += f" (the delayed start waited for a {what} above {schedule.threshold:g}, {key})"
+        return text
+    if schedule.signal == "pass_rate":
+        best = max(steps, key=lambda r: r["exgrpo/batch_pass_rate"])
+        return (
+            f"replay: none: no step's batch pass rate passed tau = {schedule.threshold:g} (the highest "
+            f"{best['exgrpo/batch_pass_rate']:.3f}, step {best['step']}); a lower exgrpo.delayed_start_threshold "
+            "starts it sooner (a negative one from step 2)"
+        )
+    return "replay: none: the delayed start did not pass in these steps"
+
+
+# ------------------------------------------------------------------------------------------ one run per folder
+#: the demo's record of how a run in its folder was started (``--resume`` compares it)
+RUN_RECORD = "demo_run.json"
+#: the flags a resume must repeat (``--steps`` may grow, the rest may change freely)
+RESUME_SAME = ("seed", "onpolicy", "reward", "rollout", "tools", "overrides")
+
+
+def resume_problems(out: Path, args: argparse.Namespace) -> list[str]:
+    """Why ``--resume`` cannot continue the run in ``out`` (empty: it can)."""
+    import json
+
+    if latest_checkpoint(out) is None:
+        if not run_files(out):
+            return [f"--resume: {out} holds no run to continue"]
+        return [
+            f"--resume: the run in {out} saved no checkpoint to continue from (--save-freq N saves one every N steps)"
+        ]
+    try:
+        started = json.loads((out / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return []  # a run started before the record existed: nothing to compare
+    now = _run_record(args)
+    differ = [k for k in RESUME_SAME if k in started and started[k] != now[k]]
+    return [
+        f"--resume: the run in {out} was started with {_flag(k, started[k])}, this command gives {_flag(k, now[k])}"
+        for k in differ
+    ]
+
+
+def _run_record(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in vars(args).items() if k in (*RESUME_SAME, "steps")}
+
+
+def _flag(key: str, value: Any) -> str:
+    if key == "overrides":
+        return "the overrides " + (" ".join(value) if value else "(none)")
+    if isinstance(value, bool):
+        return f"--{key}" if value else f"no --{key}"
+    return f"--{key} {value}"
+
+
+def describe_checkpoint(out: Path, step: int) -> str:
+    """What a resume from the checkpoint of ``step`` in ``out`` restores (its pool's figures read from the pool)."""
+    restored = "the model, its optimizer, the data order"
+    pool = Path(out) / "checkpoints" / f"global_step_{step}" / "exgrpo" / "pool"
+    try:
+        from exgrpo.experience.persistence import open_experience
+        from exgrpo.pool.summary import across_row
+
+        saved = open_experience(pool)
+        row = across_row(step, saved)
+        schedule = saved.header.get("schedule") or {}
+        if schedule.get("mixed"):
+            replay = f"replay on since step {schedule.get('switch_step', 0) + 1}"
+        else:
+            replay = "the delayed start still waiting"
+        restored += (
+            f" and the experience pool ({row['trajectories']} trajectories of {row['questions']} questions, "
+            f"{row['retired']} retired; {replay})"
+        )
+    except Exception:  # on-policy GRPO saves no pool; a damaged one is the trainer's to name
+        pass
+    return f"the checkpoint of step {step} ({Path(out) / 'checkpoints' / f'global_step_{step}'}): {restored}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The demo's command. SIGTERM, SIGHUP or Ctrl-C stop the training (the trainer's driver first, which stops its
+    Ray cluster, then whatever is left of its session) with one line and exit status 128 + the signal's number."""
+    from recipe.exgrpo.harness.procs import main_until_stopped
+
+    return main_until_stopped(lambda: _demo(argv), label="demo")
+
+
+def _demo(argv: list[str] | None) -> int:
+    import json
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.tools and args.reward != DEFAULT_REWARD_MODE:
@@ -492,20 +920,32 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print("[demo] --rollout vllm: " + "; ".join(problems), file=sys.stderr)
             return 2
-    # what decides the launch's config (the override check below and the run itself)
-    chosen = dict(
+    run = demo_run(
+        out,
+        steps=args.steps,
+        seed=args.seed,
+        wall_limit_s=args.wall_limit,
+        test_freq=args.test_freq,
+        save_freq=args.save_freq,
         reward_mode=args.reward,
         rollout=args.rollout,
         exgrpo_enable=not args.onpolicy,
         trainer=args.trainer,
         extra_overrides=list(args.overrides),
+        resume_mode="auto" if args.resume else "disable",
     )
+    if args.tools:
+        tool_run(run)
+    take_run_overrides(run)
+    run.val_before_train = run.val_before_train and run.test_freq > 0
+    problems = run_problems(run) + (resume_problems(out, args) if args.resume else [])
+    if problems:
+        for p in problems:
+            print(f"[demo] {p}", file=sys.stderr)
+        return 2
     if args.overrides:  # a typo must not wait for the assets and Ray, nor reach the trainer's hydra message
         print(f"[demo] checking the {len(args.overrides)} extra override(s) (the launch scripts' dry run) ...")
-        check = demo_run(out, **chosen)
-        if args.tools:
-            tool_run(check)
-        problems = override_problems(check)
+        problems = override_problems(run)
         if problems:
             print("[demo] the extra overrides do not validate:", file=sys.stderr)
             for p in problems:
@@ -521,18 +961,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.tools:
         calls = "  ".join(f"{lv} {r['call_rate']:.2f}" for lv, r in report.get("per_level", {}).items())
         print(f"[demo] warmed-up model: share of answers that call the calculator: {calls}")
-    run = demo_run(
-        out,
-        steps=args.steps,
-        seed=args.seed,
-        wall_limit_s=args.wall_limit,
-        test_freq=args.test_freq,
-        save_freq=args.save_freq,
-        val_before_train=args.test_freq > 0,
-        **chosen,
-    )
-    if args.tools:
-        tool_run(run)
     if (
         args.rollout == "vllm"
         and "delayed_start_threshold" in get_reward_mode(args.reward).options
@@ -552,15 +980,32 @@ def main(argv: list[str] | None = None) -> int:
         + (" on vLLM" if run.rollout == "vllm" else "")
         + (f", verl's {run.trainer} trainer" if run.trainer != "legacy" else "")
     )
-    print(f"[demo] {arm}: {run_description(run, args.test_freq)}")
+    print(f"[demo] {arm}: {run_description(run, run.test_freq)}")
+    schedule = replay_schedule(run)
+    if schedule is not None:
+        print(f"[demo] {delayed_start_line(schedule, report.get('pass_rate'))}")
+    if args.resume:
+        resumed_from = latest_checkpoint(out)
+        assert resumed_from is not None  # resume_problems said so otherwise
+        print(f"[demo] resuming from {describe_checkpoint(out, resumed_from)}")
+        history = keep_history(out, resumed_from)
+        if history["kept"]:
+            kept = history["kept"]
+            print(f"[demo] its metrics of steps {kept[0]}-{kept[-1]} are kept; the resumed steps are added to them")
+        if history["dropped"]:
+            print(
+                f"[demo] steps {history['dropped'][0]}-{history['dropped'][-1]} ran after that checkpoint: they run "
+                "again (their earlier metrics dropped)"
+            )
+    else:
+        aside = set_aside_previous_run(out)
+        if aside is not None:
+            print(f"[demo] {out} held an earlier run: moved to {aside} (--resume continues a run instead)")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_RECORD).write_text(json.dumps(_run_record(args), indent=2) + "\n")
     print(f"[demo] starting Ray and verl's workers (about a minute); full log: {out / 'train.log'}", flush=True)
 
-    def show(row: dict) -> None:
-        line = step_line(row, run.steps)
-        if line:
-            print("[demo] " + line.replace("\n", "\n[demo] "), flush=True)
-
-    result = launch(run, assets, echo=args.verbose, on_step=None if args.verbose else show)
+    result = launch(run, assets, echo=args.verbose, on_step=None if args.verbose else StepPrinter(run.steps, schedule))
     rows = read_metrics(out)
     curve = run_curve(
         rows,
@@ -571,8 +1016,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n" + "=" * 100)
     print(describe_run(curve) or "no training steps were logged")
+    replay = replay_summary(rows, schedule)
+    if replay:
+        print(replay)
+    part = " (the resumed part)" if args.resume else ""
     print(
-        f"\nwall time {result.wall_seconds:.0f} s, CPU {result.cpu_seconds:.0f} s, "
+        f"\nwall time{part} {result.wall_seconds:.0f} s, CPU {result.cpu_seconds:.0f} s, "
         f"peak RSS {result.peak_rss_bytes / 2**30:.2f} GiB, "
         f"log: {result.log_path}, metrics: {out / 'metrics.jsonl'}"
     )

@@ -244,51 +244,87 @@ def pyplot():
     return plt
 
 
+#: the colour of each toy level in every panel (its accuracy and its tool-call rate)
+LEVEL_COLORS = {"easy": "tab:blue", "medium": "tab:orange", "hard": "tab:green"}
+
+
+def _level_color(level: str, i: int) -> str:
+    return LEVEL_COLORS.get(level, f"C{3 + i}")
+
+
+def _integer_axis(axis) -> None:
+    """Ticks at whole numbers only (steps, counts): a short run's axis gets no 6.5 or 1.25."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
 def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Path:
-    """The demo's PNG: validation accuracy (overall and per level) and the sampled pass rate per step; pool size
-    and replayed share per step."""
+    """The demo's PNG: validation accuracy (overall and per level) and the training signal per step (the sampled
+    pass rate; the sampled mean reward in the continuous reward mode); with tool calls, their rates in a panel of
+    their own; the pool size and replayed share per step (not for on-policy GRPO, which keeps no pool)."""
     plt = pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    calls = curve.val_tool_call
+    tool_panel = bool(calls and len(calls) == len(curve.val_steps)) or bool(
+        curve.tool_turn_share and len(curve.tool_turn_share) == len(curve.steps)
+    )
+    pool_panel = bool(curve.steps) and (any(curve.pool_entries) or any(curve.replayed_share))
+    ratios = [3] + ([2] if tool_panel else []) + ([2] if pool_panel else [])
+    fig, axes = plt.subplots(
+        len(ratios), 1, figsize=(8, 3 + 2 * len(ratios)), sharex=True, gridspec_kw={"height_ratios": ratios}
+    )
+    axes = list(axes) if len(ratios) > 1 else [axes]
+    top = axes[0]
     if curve.val_steps:
         top.plot(curve.val_steps, curve.val_acc, "o-", color="black", lw=2, label="validation accuracy")
-        for lv, values in curve.val_by_level.items():
-            top.plot(curve.val_steps, values, ".--", lw=1, label=f"validation: {lv}")
+        for i, (lv, values) in enumerate(curve.val_by_level.items()):
+            top.plot(curve.val_steps, values, ".--", color=_level_color(lv, i), lw=1, label=f"validation: {lv}")
     if curve.val_think_closed and len(curve.val_think_closed) == len(curve.val_steps):
         top.plot(
             curve.val_steps, curve.val_think_closed, "s:", color="tab:brown", lw=1, label="validation: think closed"
         )
     if curve.steps:
+        binary = curve.reward_mode == DEFAULT_REWARD_MODE or len(curve.signal) != len(curve.steps)
         top.plot(
             curve.steps,
-            curve.sampled_pass_rate,
+            curve.sampled_pass_rate if binary else curve.signal,
             "-",
             color="tab:gray",
             alpha=0.7,
-            label="batch pass rate (sampled responses)",
+            label="batch pass rate (sampled responses)" if binary else f"batch: {curve.signal_label}",
         )
-    calls = curve.val_tool_call
-    if calls and len(calls) == len(curve.val_steps):
-        top.plot(curve.val_steps, calls, "^-", color="tab:red", lw=2, label="validation: calls the calculator")
-        for lv, values in curve.val_tool_call_by_level.items():
-            top.plot(curve.val_steps, values, "^:", color="tab:red", alpha=0.5, lw=1, label=f"calls: {lv}")
-    if curve.tool_turn_share and len(curve.tool_turn_share) == len(curve.steps):
-        top.plot(curve.steps, curve.tool_turn_share, "-", color="tab:pink", alpha=0.7, label="batch: tool answered")
-    top.set_ylabel("accuracy")
+    top.set_ylabel("accuracy" if curve.reward_mode == DEFAULT_REWARD_MODE else "accuracy, reward")
     top.set_ylim(0, 1)
     top.grid(alpha=0.3)
     top.legend(fontsize=8, loc="best")
     top.set_title(title or curve.label)
-    if curve.steps:
+    if tool_panel:
+        ax = axes[1]
+        if calls and len(calls) == len(curve.val_steps):
+            ax.plot(curve.val_steps, calls, "^-", color="tab:red", lw=2, label="validation: calls the calculator")
+            for i, (lv, values) in enumerate(curve.val_tool_call_by_level.items()):
+                ax.plot(curve.val_steps, values, "^:", color=_level_color(lv, i), lw=1, label=f"calls: {lv}")
+        if curve.tool_turn_share and len(curve.tool_turn_share) == len(curve.steps):
+            ax.plot(curve.steps, curve.tool_turn_share, "-", color="tab:pink", alpha=0.8, label="batch: tool answered")
+        ax.set_ylabel("share of answers")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        ax.set_title("tool calls", fontsize=9)
+    if pool_panel:
+        bottom = axes[-1]
         bottom.plot(curve.steps, curve.pool_entries, "-", color="tab:green", label="pool trajectories")
         bottom.set_ylabel("pool trajectories")
+        _integer_axis(bottom.yaxis)
         share = bottom.twinx()
         share.plot(curve.steps, curve.replayed_share, "-", color="tab:purple", label="replayed share")
         share.set_ylabel("replayed share of questions")
         share.set_ylim(0, 1)
         handles = bottom.get_legend_handles_labels()[0] + share.get_legend_handles_labels()[0]
         bottom.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
-    bottom.set_xlabel("training step")
-    bottom.grid(alpha=0.3)
+        bottom.grid(alpha=0.3)
+    axes[-1].set_xlabel("training step")
+    _integer_axis(axes[-1].xaxis)
     return save_figure(fig, path)
 
 

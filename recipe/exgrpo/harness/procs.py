@@ -6,9 +6,10 @@ users of this machine, the caller itself) are never touched. While it runs, the 
 session's processes is sampled, for the peak-RSS figure of the benchmark.
 
 Every session started here is registered until it has been killed: :func:`install_termination_handlers` (the
-test suite installs it) makes SIGTERM and SIGHUP to the caller kill each registered session first, then stop
-the caller with ``KeyboardInterrupt``, so a terminated caller (a CI job cancelled, a terminal closed) leaves no
-Ray cluster, worker or vLLM engine behind.
+test suite installs it; the CPU demo and the benchmarks through :func:`main_until_stopped`, Ctrl-C included) makes
+SIGTERM and SIGHUP to the caller kill each registered session first, then stop the caller with one line and
+:class:`~exgrpo.stop_signals.Stopped` (a ``KeyboardInterrupt``), so a terminated caller (a CI job cancelled, a
+terminal closed, ``timeout``) leaves no Ray cluster, worker or vLLM engine behind.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from exgrpo.stop_signals import STOP_SIGNALS, Stopped, install_stop_handlers, stop_descendants
 
 
 @dataclass
@@ -62,23 +65,42 @@ def session_processes(sid: int) -> list[psutil.Process]:
     return found
 
 
-def kill_session(sid: int, grace_s: float = 3.0) -> None:
-    """SIGTERM then SIGKILL every process of session ``sid`` (the child started with ``start_new_session``)."""
+def kill_session(sid: int, grace_s: float = 3.0, leader_grace_s: float = 0.0) -> int:
+    """SIGTERM then SIGKILL every process of session ``sid`` (the child started with ``start_new_session``);
+    returns how many there were. ``leader_grace_s`` > 0: SIGTERM the session's leader (the command itself, e.g. the
+    trainer's driver, which then stops its Ray cluster: recipe/exgrpo/runtime/driver_stop.py) first and give it that
+    long to end, then the rest."""
     if sid == os.getsid(0):
         raise ValueError("refusing to kill the caller's own session")
-    procs = session_processes(sid)
+    count = len(_live(session_processes(sid)))
+    if leader_grace_s > 0:
+        try:
+            leader = psutil.Process(sid)
+            leader.send_signal(signal.SIGTERM)
+            end = time.monotonic() + leader_grace_s
+            while _alive(leader) and time.monotonic() < end:
+                time.sleep(0.1)
+        except psutil.Error:
+            pass
+    # (a zombie is dead: waiting for it to end would take the whole grace when no one reaps it)
+    procs = _live(session_processes(sid))
     for proc in procs:
         try:
             proc.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive + session_processes(sid):
+    for proc in _live(alive + session_processes(sid)):
         try:
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    psutil.wait_procs(session_processes(sid), timeout=grace_s)
+    psutil.wait_procs(_live(session_processes(sid)), timeout=grace_s)
+    return count
+
+
+def _live(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if _alive(p)]
 
 
 # sessions started by this process and not yet killed (their leaders' pids = their session ids)
@@ -103,31 +125,64 @@ def active_sessions() -> list[int]:
         return sorted(_ACTIVE)
 
 
-def kill_active_sessions(grace_s: float = 3.0) -> list[int]:
-    """Kill every registered session (SIGTERM, then SIGKILL after ``grace_s``); returns their ids."""
-    sids = active_sessions()
-    for sid in sids:
+def kill_active_sessions(grace_s: float = 3.0, leader_grace_s: float = 0.0) -> dict[int, int]:
+    """Kill every registered session (``kill_session``); returns their ids with the processes each had."""
+    killed = {}
+    for sid in active_sessions():
         try:
-            kill_session(sid, grace_s=grace_s)
+            killed[sid] = kill_session(sid, grace_s=grace_s, leader_grace_s=leader_grace_s)
         except Exception as exc:  # one session that cannot be killed must not spare the others
             sys.stderr.write(f"[procs] could not kill session {sid}: {exc}\n")
         unregister_session(sid)
-    return sids
+    return killed
 
 
-def _terminate(signum: int, frame: object) -> None:
-    sids = kill_active_sessions()
-    name = signal.Signals(signum).name
-    sys.stderr.write(f"\n[procs] {name}: killed {len(sids)} run session(s) {sids}; stopping\n")
-    sys.stderr.flush()
-    raise KeyboardInterrupt(f"{name} received")
+def _stopped_runs(killed: dict[int, int], others: int = 0) -> str:
+    more = f" and {others} other process(es) it had started" if others else ""
+    if not killed:
+        return f"stopped {others} process(es) it had started; exiting" if others else "nothing was running; exiting"
+    runs = "the run" if len(killed) == 1 else f"{len(killed)} runs"
+    return f"stopped {runs} and its {sum(killed.values())} processes (the trainer, its Ray cluster){more}; exiting"
 
 
 def install_termination_handlers(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> None:
-    """On each of ``signums``: kill every registered session, then raise ``KeyboardInterrupt`` in the main thread
-    (pytest then stops, reports and tears down; a script ends). Main thread only, like ``signal.signal``."""
-    for signum in signums:
-        signal.signal(signum, _terminate)
+    """On each of ``signums``: kill every registered session, write one line (``[procs] SIGTERM: killed ...``), then
+    raise :class:`~exgrpo.stop_signals.Stopped` (a ``KeyboardInterrupt``) in the main thread (pytest then stops,
+    reports and tears down; a script ends). Main thread only, like ``signal.signal``."""
+
+    def stop(signum: int) -> str:
+        killed = kill_active_sessions()
+        return f"killed {len(killed)} run session(s) {sorted(killed)} ({sum(killed.values())} processes); stopping"
+
+    install_stop_handlers(stop, "procs", signums)
+
+
+#: how long a stopped tool gives the command of each of its sessions (a trainer's driver) to stop its own processes
+#: (its Ray cluster) before the rest of the session is killed: a backstop, the driver takes a few seconds
+COMMAND_STOP_S = 30.0
+
+
+def main_until_stopped(main: Callable[[], int | None], label: str) -> int:
+    """``main()`` of a command that runs sessions (the CPU demo, the benchmarks): SIGTERM, SIGHUP or SIGINT (Ctrl-C)
+    stop each session's command (up to :data:`COMMAND_STOP_S`), kill what is left of the session and any other
+    process the command started, print one line
+    (``[label] SIGTERM: stopped the run and its 23 processes ...``) and return 128 + the signal's number, with no
+    traceback."""
+
+    def stop(signum: int) -> str:
+        killed = kill_active_sessions(leader_grace_s=COMMAND_STOP_S)
+        others = stop_descendants(exclude=list(killed))  # what else it started (a build, a check)
+        return _stopped_runs(killed, len(others))
+
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    install_stop_handlers(stop, label)
+    try:
+        return int(main() or 0)
+    except Stopped as e:
+        return e.exit_status
+    finally:  # a caller in the same process (a test) gets its own handlers back
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager
@@ -182,8 +237,10 @@ def run_in_new_session(
     cwd: str | Path | None = None,
     sample_rss_every_s: float = 0.5,
     leftover_grace_s: float = 5.0,
+    append: bool = False,
 ) -> RunResult:
-    """Run ``cmd`` in a new session, output to ``log_path``; kill the session at the end or at ``timeout_s``.
+    """Run ``cmd`` in a new session, output to ``log_path`` (``append``: after what it holds); kill the session at
+    the end or at ``timeout_s``.
 
     ``leftover_grace_s`` is waited only after the command ended by itself: when it timed out, or an exception
     (an interruption, a test's own timeout) leaves this function, the session is killed at once."""
@@ -193,7 +250,7 @@ def run_in_new_session(
     cpu: dict[int, float] = {}
     stop = threading.Event()
     start = time.perf_counter()
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if append else "wb") as log:
         proc = subprocess.Popen(
             list(cmd), env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

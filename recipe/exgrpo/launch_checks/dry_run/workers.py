@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +115,33 @@ def check_batch_split(config: DictConfig, n_gpus: int, sp: int) -> list[str]:
                 f"(trainer.nnodes x trainer.n_gpus_per_node = {gpus}); verl does not check this with "
                 "use_dynamic_bsz=true and would fail at the first step. Use a data-parallel size that divides "
                 f"{rows} (the nearest: {', '.join(map(str, sorted(near)))})"
+                + _reward_model_gpus(config, sp, (batch * k, mini * k))
             )
     return problems
+
+
+def _reward_model_gpus(config: DictConfig, sp: int, counts: tuple[int, ...]) -> str:
+    """With a reward model in its own pool on the launch script's nodes, the actor has the nodes' GPUs less the
+    reward model's: say so, naming the launch script's variable, and the reward-model GPU counts that would fit
+    (``counts``: the response counts that must split evenly)."""
+    from recipe.exgrpo.launch_checks.dry_run.reward_model import NODE_GPUS_ENV
+
+    rm = config.reward.get("reward_model") or {}
+    node_gpus = os.environ.get(NODE_GPUS_ENV, "")
+    if not (rm.get("enable", False) and rm.get("enable_resource_pool", False) and node_gpus.isdigit()):
+        return ""
+    nodes, node, rm_gpus = int(config.trainer.nnodes), int(node_gpus), int(rm.get("n_gpus_per_node") or 0)
+
+    def splits(actor_gpus: int) -> bool:
+        total = actor_gpus * nodes
+        return total % sp == 0 and all(c % (total // sp) == 0 for c in counts)
+
+    fits = [r for r in range(1, node) if splits(node - r)]
+    return (
+        f". The actor's GPUs per node are the nodes' {node} (N_GPUS_PER_NODE) less the reward model's {rm_gpus} "
+        "(RM_GPUS_PER_NODE of the launch script, reward.reward_model.n_gpus_per_node)"
+        + (f"; RM_GPUS_PER_NODE={' or '.join(map(str, fits))} would fit" if fits else "")
+    )
 
 
 def _check_code_paths(config: DictConfig) -> list[str]:
