@@ -253,7 +253,7 @@ def run_stage_watched(config, run_token: str) -> None:
         driver_stop.install(run_token)  # again: ray.init replaced the SIGTERM handler with its own
         check_worker_imports()
 
-    runner_cls = ExGRPOTaskRunnerV1 if config.trainer.get("use_v1", False) else ExGRPOTaskRunner
+    runner_cls = ExGRPOTaskRunnerV1 if OmegaConf.select(config, "trainer.use_v1", default=False) else ExGRPOTaskRunner
     runner = CheckedTaskRunner(
         runner_cls,
         check=once_ray_is_up,

@@ -284,7 +284,9 @@ def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Pat
             curve.val_steps, curve.val_think_closed, "s:", color="tab:brown", lw=1, label="validation: think closed"
         )
     if curve.steps:
-        binary = curve.reward_mode == DEFAULT_REWARD_MODE or len(curve.signal) != len(curve.steps)
+        # the mode's signal is the sampled pass rate already (the binary mode), or was not logged every step
+        pass_rate_signal = get_reward_mode(curve.reward_mode).signal_metric == "exgrpo/sampled_pass_rate"
+        binary = pass_rate_signal or len(curve.signal) != len(curve.steps)
         top.plot(
             curve.steps,
             curve.sampled_pass_rate if binary else curve.signal,
@@ -293,7 +295,7 @@ def plot_run(curve: RunCurve, path: str | Path, title: str | None = None) -> Pat
             alpha=0.7,
             label="batch pass rate (sampled responses)" if binary else f"batch: {curve.signal_label}",
         )
-    top.set_ylabel("accuracy" if curve.reward_mode == DEFAULT_REWARD_MODE else "accuracy, reward")
+    top.set_ylabel("accuracy" if binary else "accuracy, reward")
     top.set_ylim(0, 1)
     top.grid(alpha=0.3)
     top.legend(fontsize=8, loc="best")
