@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from functools import partial
 from pprint import pprint
 
 import numpy as np
@@ -42,16 +41,13 @@ from verl.trainer.ppo.reward import extract_reward
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
-from exgrpo.objective import LossSettings
 from recipe.exgrpo import verl_compat
-from recipe.exgrpo.actor_loss import exgrpo_actor_loss
-from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra, replay_response_width, reward_model_colocated
 from recipe.exgrpo.dataproto import as_dataproto, rows_of
 from recipe.exgrpo.legacy.generation import expand_by_counts, generate_with_counts
-from recipe.exgrpo.replay_step import ReplayStep, Rows, StepState, prune_pools
+from recipe.exgrpo.replay_step import Rows, StepState, prune_pools
 from recipe.exgrpo.replay_step.fields import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.runtime.stage_deadlines import StageClock, deadlines_from_config
-from recipe.exgrpo.tool_turns import ToolCallDetector
+from recipe.exgrpo.verl_setup import dataset_rows, install_mixed_loss, replay_step_for
 
 #: per row of the old-log-prob pass: its position before padding and balancing (-1 on padding rows)
 PASS_ROW_KEY = "exgrpo_pass_row"
@@ -70,50 +66,19 @@ class RayExGRPOTrainer(RayPPOTrainer):
 
         # the trainer builds each step's prompt batch itself (fresh rows + replayed rows)
         self.collate_fn = kwargs.get("collate_fn") or default_collate_fn
-        if not hasattr(self.train_dataset, "question_ids"):
-            raise TypeError(
-                "ExGRPO needs data.custom_cls = recipe/exgrpo/dataset.py:ExGRPODataset (stable question ids); got "
-                f"{type(self.train_dataset).__name__}"
-            )
-        self.replay = ReplayStep(
-            exgrpo_config_from_hydra(self.config),
-            questions_per_step=int(self.config.data.train_batch_size),
-            question_ids=self.train_dataset.question_ids,
-            row_of_question=self.train_dataset.row_of(),
-            epoch_batches=self._loader_batches,
-            pad_token_id=self.tokenizer.pad_token_id,
-            response_width=replay_response_width(self.config),
-            # rollouts that may call tools: a trajectory whose exchange ended on an unanswered tool call is not stored
-            ends_in_tool_call=ToolCallDetector.from_config(self.config, self.tokenizer),
-            colocated_reward_model=reward_model_colocated(self.config),
-            norm_adv_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
-            trace_dir=self.config.trainer.default_local_dir,
+        self.replay = replay_step_for(
+            self.config, self.train_dataset, self.tokenizer, lambda: dataset_rows(self.train_dataloader)
         )
         self.actor_log_prob_calls = 0  # actor compute_log_prob calls, logged per step
         self.stage_clock = StageClock(deadlines_from_config(self.config))
 
-    def _loader_batches(self):
-        """The dataset rows of each batch of one pass of verl's data loader (which keeps its own position)."""
-        return ([int(r) for r in batch_dict[ROW_KEY]] for batch_dict in self.train_dataloader)
-
     # ------------------------------------------------------------------ start-up
     def init_workers(self):
         super().init_workers()
-        # Installed once: verl warns that swapping the loss per step is unreliable (docs/cpu_backend.md).
-        from verl.utils.config import omega_conf_to_dataclass
+        install_mixed_loss(self.actor_rollout_wg, self.config, self.replay, self._count_actor_call)
 
-        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=LossSettings.from_config(self.replay.cfg))
-        self.actor_rollout_wg.set_loss_fn(loss_fn)
-        # Count every actor forward call (the old-log-prob pass, and any other caller): a step must make as many
-        # as a GRPO step (logged as exgrpo/actor_log_prob_calls).
-        compute_log_prob = self.actor_rollout_wg.compute_log_prob
-
-        def counted_compute_log_prob(*args, **kwargs):
-            self.actor_log_prob_calls += 1
-            return compute_log_prob(*args, **kwargs)
-
-        self.actor_rollout_wg.compute_log_prob = counted_compute_log_prob
+    def _count_actor_call(self) -> None:
+        self.actor_log_prob_calls += 1
 
     # ------------------------------------------------------------------ checkpoint
     def _save_checkpoint(self):

@@ -25,17 +25,13 @@ the stage clock that keeps its deadline, as on the legacy trainer.
 from __future__ import annotations
 
 import uuid
-from functools import partial
 
 import numpy as np
 import torch
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
-from exgrpo.objective import LossSettings
 from recipe.exgrpo import verl_compat
-from recipe.exgrpo.actor_loss import exgrpo_actor_loss
-from recipe.exgrpo.config_bridge import exgrpo_config_from_hydra, replay_response_width, reward_model_colocated
 from recipe.exgrpo.dataproto import as_dataproto, rows_of
 from recipe.exgrpo.replay_step import ReplayStep, Rows, StepState, prune_pools
 from recipe.exgrpo.replay_step.batch import response_lengths
@@ -46,11 +42,10 @@ from recipe.exgrpo.replay_step.fields import (
     IS_REPLAY_KEY,
     MIXED_KEY,
     RATIO_KEY,
-    ROW_KEY,
 )
 from recipe.exgrpo.runtime.stage_deadlines import StageClock, deadlines_from_config
-from recipe.exgrpo.tool_turns import ToolCallDetector
 from recipe.exgrpo.v1.tq_rows import TQ_KEY, jagged, rows_from_tq, split_key, stored_records
+from recipe.exgrpo.verl_setup import dataset_rows, install_mixed_loss, replay_step_for
 
 PARTITION = "train"
 #: the fields of the kept rows the update and verl's step metrics read beyond what the agent loop wrote
@@ -87,46 +82,18 @@ class ExGRPOTrainerV1(PPOTrainerSync):
         super()._init_dataloader()
         from verl.utils.dataset.rl_dataset import collate_fn
 
-        if not hasattr(self.train_dataset, "question_ids"):
-            raise TypeError(
-                "ExGRPO needs data.custom_cls = recipe/exgrpo/dataset.py:ExGRPODataset (stable question ids); got "
-                f"{type(self.train_dataset).__name__}"
-            )
         self.collate_fn = collate_fn
-        self.replay = ReplayStep(
-            exgrpo_config_from_hydra(self.config),
-            questions_per_step=int(self.config.data.train_batch_size),
-            question_ids=self.train_dataset.question_ids,
-            row_of_question=self.train_dataset.row_of(),
-            epoch_batches=self._loader_batches,
-            pad_token_id=self.tokenizer.pad_token_id,
-            response_width=replay_response_width(self.config),
-            ends_in_tool_call=ToolCallDetector.from_config(self.config, self.tokenizer),
-            colocated_reward_model=reward_model_colocated(self.config),
-            norm_adv_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", False)),
-            trace_dir=self.config.trainer.default_local_dir,
+        self.replay = replay_step_for(
+            self.config, self.train_dataset, self.tokenizer, lambda: dataset_rows(self.train_dataloader)
         )
 
-    def _loader_batches(self):
-        """The dataset rows of each batch of one pass of verl's data loader (which keeps its own position)."""
-        return ([int(r) for r in batch_dict[ROW_KEY]] for batch_dict in self.train_dataloader)
-
     def on_init_end(self):
-        # Installed once, as on the legacy trainer: the mixed loss in every actor worker.
-        from verl.utils.config import omega_conf_to_dataclass
-
-        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        loss_fn = partial(exgrpo_actor_loss, config=actor_config, settings=LossSettings.from_config(self.replay.cfg))
-        self.actor_rollout_wg.set_loss_fn(loss_fn)
-        compute_log_prob = self.actor_rollout_wg.compute_log_prob
-
-        def counted_compute_log_prob(*args, **kwargs):
-            self.actor_log_prob_calls += 1
-            return compute_log_prob(*args, **kwargs)
-
-        self.actor_rollout_wg.compute_log_prob = counted_compute_log_prob
+        install_mixed_loss(self.actor_rollout_wg, self.config, self.replay, self._count_actor_call)
         with self.stage_clock.stage("weight_sync", self.global_steps):
             super().on_init_end()
+
+    def _count_actor_call(self) -> None:
+        self.actor_log_prob_calls += 1
 
     def on_step_end(self):
         with self.stage_clock.stage("weight_sync", self.global_steps):
