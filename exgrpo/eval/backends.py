@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
 
@@ -58,10 +58,18 @@ class Completion:
     text: str
     num_tokens: int
     finish_reason: str  # "stop" (end of sequence) or "length" (hit max_new_tokens)
+    #: what a backend reports beside the text, stored in the answer's record (a multi-turn backend: its turns, tool
+    #: calls and tool errors); keys must not be those of the record itself
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationBackend(Protocol):
-    """What the evaluation needs from an inference engine."""
+    """What the evaluation needs from an inference engine.
+
+    A backend with ``takes_messages = True`` (a multi-turn one, which applies the chat template itself, tools
+    included) gets each row's messages instead of the rendered prompt, and ``sample_ids=[[sample, ...], ...]``, the
+    indices of the samples it draws per row (so that a sample's randomness can follow its index, whatever the
+    batching or a resumption)."""
 
     name: str
     tokenizer: Any
