@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.eval.backends import Completion, SamplingSettings
+from exgrpo.eval.backends import Completion, SamplingSettings, cpu_engine_limits
 from recipe.exgrpo.cpu.hf_rollout import SamplingKey, sampling_key
 from recipe.exgrpo.tool_eval.settings import ToolLoopSettings
 from recipe.exgrpo.tool_turns import ToolCallDetector
@@ -129,6 +129,7 @@ class VLLMEngine:
             max_model_len=self.max_model_len,
             seed=sampling.seed,
             dtype=dtype,
+            **cpu_engine_limits(model, self.max_model_len),  # seeded requests on vLLM's CPU build
         )
         self.eos_ids = _eos_ids(model, self.tokenizer)
         self.config = SimpleNamespace(
