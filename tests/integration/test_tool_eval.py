@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from exgrpo.eval.backends import SamplingSettings
+from exgrpo.sandbox import isolation_available
 
 QUESTIONS = {
     "Q1": ["CALL 523 + 47", "</think>\\boxed{570}"],  # a call, answered; then the answer
@@ -122,11 +123,15 @@ class ScriptedEngine:
         return [scripted_turn(self.tokenizer, p, key.max_tokens) for p in prompts]
 
 
-def evaluation_exchanges(run, **flags):
+def evaluation_exchanges(run, **changes):
+    """The exchanges through the evaluation, on the settings it reads from the training overrides (``changes``:
+    other values, the control's)."""
+    import dataclasses
+
     from recipe.exgrpo.tool_eval.loop import ToolLoopBackend
     from recipe.exgrpo.tool_eval.settings import settings_from_training
 
-    settings = settings_from_training(run.overrides, flags)
+    settings = dataclasses.replace(settings_from_training(run.overrides), **changes)
     engine = ScriptedEngine(run.tokenizer, settings, run.model)
     backend = ToolLoopBackend(engine, settings, SamplingSettings(temperature=1.0, max_new_tokens=192))
     results = backend.exchanges([(messages(q), 7, 0) for q in QUESTIONS])
@@ -155,7 +160,7 @@ def test_a_fixed_model_output_gives_trainings_token_ids(run):
     # control: other limits than training's give other ids, so the comparison above can fail
     fewer_turns, _, _ = evaluation_exchanges(run, max_assistant_turns=1)
     assert fewer_turns[0] != training[0] and fewer_turns[1] == training[1]
-    shorter, _, _ = evaluation_exchanges(run, max_response_length=64)
+    shorter, _, _ = evaluation_exchanges(run, response_length=64)
     assert shorter[4] != training[4] and len(shorter[4]["response"]) == 64
 
 
@@ -172,6 +177,41 @@ def test_the_settings_come_from_the_training_overrides_and_flags_win(run):
         settings_from_training([])
     with pytest.raises(ValueError, match="no_such.py: no such file"):
         settings_from_training([], {"tools": str(run.root / "no_such.py")})
+
+
+@pytest.mark.skipif(not all(isolation_available().values()), reason=f"no Landlock or seccomp: {isolation_available()}")
+def test_the_sandboxed_python_tool_answers_through_the_evaluation(run):
+    """The TIR runs' tool (recipe/exgrpo/agent_tools/python_tool.py, each call in the sandbox) behind the evaluation's
+    loop: a call that prints comes back as the tool's answer, a call whose code raises is counted as a tool error."""
+    from recipe.exgrpo.tool_eval.loop import ToolLoopBackend
+    from recipe.exgrpo.tool_eval.settings import ToolLoopSettings
+
+    repo = Path(__file__).resolve().parents[2]
+    settings = ToolLoopSettings(
+        function_tool_path=str(repo / "recipe" / "exgrpo" / "agent_tools" / "python_tool.py"),
+        max_user_turns=1,
+        max_assistant_turns=2,
+        prompt_length=128,
+        response_length=256,
+        tool_env={"EXGRPO_SANDBOX_TIMEOUT_S": "10"},
+    )
+    code = {"P1": "print(6 * 7)", "P2": "1 / 0"}
+
+    class PythonScript(ScriptedEngine):
+        def generate(self, prompts, key, seeds, stop):
+            out = []
+            for p in prompts:
+                text = self.tokenizer.decode(p)
+                question = next(q for q in code if f"{q}:" in text)
+                call = json.dumps({"name": "python", "arguments": {"code": code[question]}})
+                turn = f"<tool_call>{call}</tool_call>" if "<|im_start|>tool" not in text else "</think>\\boxed{42}"
+                out.append(self.tokenizer.encode(turn, add_special_tokens=False) + [self.tokenizer.eos_token_id])
+            return out
+
+    backend = ToolLoopBackend(PythonScript(run.tokenizer, settings, run.model), settings, SamplingSettings())
+    (_, printed), (_, raised) = backend.exchanges([(messages("P1"), 0, 0), (messages("P2"), 0, 0)])
+    assert "\n42\n" in printed.text and (printed.extra["tool_calls"], printed.extra["tool_errors"]) == (1, 0)
+    assert "ZeroDivisionError" in raised.text and (raised.extra["tool_calls"], raised.extra["tool_errors"]) == (1, 1)
 
 
 def _eval_data(path: Path) -> Path:

@@ -38,7 +38,7 @@ def run_both(args: argparse.Namespace) -> dict[str, Any]:
         "--model", str(assets.model_path), "--data", str(assets.val_file), "--backend", args.backend,
         "--temperature", str(args.temperature), "--top-p", "1.0", "--seed", str(args.seed),
         "--n-samples", str(args.n_samples), "--grading", "reward", "--think-gate", "--reference", "none",
-        "--keep-system-prompt", "--no-plot", "--no-progress",
+        "--keep-system-prompt", "--no-plot", "--no-progress", "--batch-size", str(args.batch_size),
     ]  # fmt: skip
     if args.max_questions_per_source:
         common += ["--max-questions-per-source", str(args.max_questions_per_source)]
@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-questions-per-source", type=int, help="the first N questions of each level")
     parser.add_argument("--temperature", type=float, default=1.0, help="the demo's validation temperature")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--batch-size", type=int, default=128, help="answers generated at once (the tiny model's are cheap)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out) / args.backend
     args.out = str(out)
