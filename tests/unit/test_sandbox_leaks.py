@@ -170,11 +170,11 @@ def test_a_call_cannot_read_a_concurrent_calls_temp_dir(left_out):
         try:
             assert wait_for(lambda: list(Path(tempfile.gettempdir()).glob(f"exgrpo-sandbox-*/secret-{token}")))
             (planted,) = Path(tempfile.gettempdir()).glob(f"exgrpo-sandbox-*/secret-{token}")
-            second = attempts(
-                ("list", f"print(os.listdir({str(planted.parent.parent)!r}))"),
+            second = attempts(  # the temp dirs' parent listed (only the sandboxes' names printed), the file read
+                ("list", f"print([n for n in os.listdir({str(planted.parent.parent)!r}) if 'sandbox' in n])"),
                 ("read", f"print(open({str(planted)!r}).read())"),
             )
-            return run(second).stdout, planted.parent.name
+            return run(second, max_output_bytes=1 << 16).stdout, planted.parent.name
         finally:
             release.touch()
             holder.join()
@@ -192,17 +192,19 @@ def test_a_call_cannot_read_a_concurrent_calls_temp_dir(left_out):
 
 
 def test_a_tree_too_deep_for_shutil_is_removed(left_out):
-    """3,000 nested directories: deeper than Python's recursion limit and than PATH_MAX. shutil.rmtree (the cleanup
-    before) raised RecursionError out of ``run_python`` and left the tree, readable by a later call: this test
-    failed at the first call. The control keeps the tree (``cleanup`` left out) and shows shutil cannot remove it."""
-    code = "import os\ntop = os.getcwd()\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\n"
+    """1,100 nested directories of 20-character names: deeper than Python's recursion limit, and its path (23,000
+    characters) longer than PATH_MAX (the attack found used 3,000 one-letter names; deep trees are slow to build and
+    remove on any filesystem, so the test keeps to what defeats both limits). shutil.rmtree (the cleanup before)
+    raised RecursionError out of ``run_python`` and left the tree, readable by a later call: this test failed at the
+    first call. The control keeps the tree (``cleanup`` left out) and shows shutil cannot remove it."""
+    code = "import os\ntop = os.getcwd()\nfor _ in range(1100):\n    os.mkdir('d' * 20); os.chdir('d' * 20)\n"
     code += "open('bottom', 'w').write('x')\nprint(top)\n"
     result = run(code, timeout_s=60, cpu_s=60)
     assert result.exit_code == 0 and not Path(result.stdout.strip()).exists()
     left_out("cleanup")
     top = run(code, timeout_s=60, cpu_s=60).stdout.strip()
     try:
-        assert Path(top, *["d"] * 10).is_dir()
+        assert Path(top, *["d" * 20] * 10).is_dir()
         if sys.version_info < (3, 13):  # shutil.rmtree recurses through the tree on these versions
             with pytest.raises(RecursionError):
                 shutil.rmtree(top)
