@@ -12,8 +12,9 @@
 # data/valid_llama_base/valid_id.parquet instead of the first two; the evaluation files serve every backbone
 # (exgrpo.eval renders their user message with the model's template, or --template llama_base).
 # PROMPT_STYLE=tir (tool-integrated reasoning, scripts/train/*_tir.sh) writes data/openr1_tir/train.parquet and
-# data/valid_tir/valid_id.parquet instead: the tir system instruction and agent_name=tool_agent on every row. Only
-# when asked: the default run writes neither.
+# data/valid_tir/valid_id.parquet instead: the tir system instruction and agent_name=tool_agent on every row, and with
+# PARTS=eval data/benchmarks_tir/test_id.parquet (the ID suite so, for scripts/eval/eval_tir.sh). Only when asked:
+# the default run writes none of them.
 #
 #   MODEL_PATH=/models/Qwen2.5-Math-7B-16k bash scripts/prepare_data.sh
 #   PROMPT_STYLE=llama_base MODEL_PATH=/models/Llama-3.1-8B bash scripts/prepare_data.sh
@@ -73,7 +74,11 @@ if [[ "$PARTS" == *,valid,* ]]; then
   run "$PYTHON" -m data_preprocess.benchmarks --output-dir "$valid_dir" --benchmarks "$ID_BENCHMARKS" \
     --repeat aime24=8,aime25=8,amc=4 --combined valid_id.parquet --prompt-style "$STYLE"
 fi
-if [[ "$PARTS" == *,eval,* ]]; then
+if [[ "$PARTS" == *,eval,* && "$STYLE" == tir ]]; then
+  # the ID suite for scripts/eval/eval_tir.sh: the TIR instruction (it offers the tool) on every row
+  run "$PYTHON" -m data_preprocess.benchmarks --output-dir "$ROOT/benchmarks_tir" --benchmarks "$ID_BENCHMARKS" \
+    --repeat 32 --combined test_id.parquet --prompt-style tir
+elif [[ "$PARTS" == *,eval,* ]]; then
   run "$PYTHON" -m data_preprocess.benchmarks --output-dir "$ROOT/benchmarks" --benchmarks "$ID_BENCHMARKS" \
     --repeat 32 --combined test_id.parquet
   run "$PYTHON" -m data_preprocess.benchmarks --output-dir "$ROOT/benchmarks" --benchmarks arc_c,gpqa_diamond,mmlu_pro

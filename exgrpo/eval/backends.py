@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
 
@@ -58,10 +58,18 @@ class Completion:
     text: str
     num_tokens: int
     finish_reason: str  # "stop" (end of sequence) or "length" (hit max_new_tokens)
+    #: what a backend reports beside the text, stored in the answer's record (a multi-turn backend: its turns, tool
+    #: calls and tool errors); keys must not be those of the record itself
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationBackend(Protocol):
-    """What the evaluation needs from an inference engine."""
+    """What the evaluation needs from an inference engine.
+
+    A backend with ``takes_messages = True`` (a multi-turn one, which applies the chat template itself, tools
+    included) gets each row's messages instead of the rendered prompt, and ``sample_ids=[[sample, ...], ...]``, the
+    indices of the samples it draws per row (so that a sample's randomness can follow its index, whatever the
+    batching or a resumption)."""
 
     name: str
     tokenizer: Any
@@ -169,6 +177,29 @@ class HFBackend:
 CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
+#: tokens one step of vLLM's CPU build may prefill at most in the evaluation (see cpu_engine_limits)
+CPU_STEP_TOKENS = 1 << 18
+
+
+def cpu_engine_limits(model_path: str, max_model_len: int | None) -> dict[str, int]:
+    """Engine settings under which vLLM's CPU build can serve seeded requests (nothing on another build).
+
+    That build fails a seeded request whose prefill is split over two steps (vLLM rewinds the request's generator
+    after a partial prefill, which a CPU generator cannot: "CPU Generator does not use offset"; the engine dies), and
+    it splits one whenever the prompts of a step exceed ``max_num_batched_tokens``. With that budget at
+    ``max_num_seqs x max_model_len`` no step ever holds more than fits, so no prompt is split; ``max_num_seqs`` is cut
+    so that a long context does not ask for a huge step (``CPU_STEP_TOKENS``)."""
+    if package_version("vllm-cpu") is None:
+        return {}
+    length = max_model_len
+    if length is None:
+        from transformers import AutoConfig
+
+        length = int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 8192) or 8192)
+    seqs = max(1, min(256, CPU_STEP_TOKENS // length))
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": seqs * length}
+
+
 def cpu_engine_env(env: dict[str, str]) -> dict[str, str]:
     """The CPU engine's defaults that ``env`` does not set (nothing when the installed vLLM is not the CPU build)."""
     if package_version("vllm-cpu") is None:
@@ -263,6 +294,7 @@ class VLLMBackend:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        kwargs.update(cpu_engine_limits(model_path, max_model_len))  # seeded requests on vLLM's CPU build
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:

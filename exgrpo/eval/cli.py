@@ -21,7 +21,7 @@ import json
 import os
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,7 +41,15 @@ from exgrpo.eval.generate import (
     plan_samples,
     read_generations,
 )
-from exgrpo.eval.grading import DEFAULT_GRADER, DEFAULT_GRADING, GRADING_MODES, Grader, grade_records, summarize
+from exgrpo.eval.grading import (
+    DEFAULT_GRADER,
+    DEFAULT_GRADING,
+    GRADING_MODES,
+    TOOL_KEYS,
+    Grader,
+    grade_records,
+    summarize,
+)
 from exgrpo.eval.parallel import (
     REPLICA_DIR,
     ReplicaSpec,
@@ -79,7 +87,12 @@ def generate(cfg: EvalConfig, backend: GenerationBackend | None = None) -> dict[
     stores, fingerprints = {}, {}
     for data in cfg.data:  # open every store before the model loads: a settings mismatch stops early
         fingerprints[data] = generation_fingerprint(
-            model=cfg.model, backend=cfg.backend, data=data, prompt_format=cfg.prompt_format, sampling=cfg.sampling
+            model=cfg.model,
+            backend=cfg.backend,
+            data=data,
+            prompt_format=cfg.prompt_format,
+            sampling=cfg.sampling,
+            agent=cfg.agent,
         )
         stores[data] = GenerationStore.open(cfg.generation_path(data), fingerprints[data], overwrite=cfg.overwrite)
         if cfg.overwrite:
@@ -234,6 +247,7 @@ def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[st
         },
         "sampling": asdict(cfg.sampling),
         "seed": cfg.sampling.seed,
+        "agent": cfg.agent,
         "data": [{"path": str(pathlib.Path(d).resolve()), "sha256": file_sha256(d)} for d in cfg.data],
         "selection": {
             "data_sources": cfg.data_sources,
@@ -248,7 +262,13 @@ def _run_metadata(cfg: EvalConfig, backend: GenerationBackend | None) -> dict[st
 def score(cfg: EvalConfig, grader: Grader | None = None, *, allow_partial: bool = False) -> EvalResults:
     """Grade the planned generations of every data file and summarise them per benchmark."""
     if grader is None:
-        grader = Grader(cfg.grader, think_gate=cfg.think_gate, timeout_s=cfg.grader_timeout_s, grading=cfg.grading)
+        grader = Grader(
+            cfg.grader,
+            think_gate=cfg.think_gate,
+            timeout_s=cfg.grader_timeout_s,
+            grading=cfg.grading,
+            strip_tool_responses=cfg.strip_tool_responses,
+        )
     graded_all = []
     data_meta = []
     for data in cfg.data:
@@ -273,7 +293,8 @@ def score(cfg: EvalConfig, grader: Grader | None = None, *, allow_partial: bool 
         with path.open("w", encoding="utf-8") as f:
             for g in graded:
                 keep = ("row", "sample", "benchmark", "question_id", "score", "outcome", "num_tokens", "finish_reason")
-                f.write(json.dumps({k: g.get(k) for k in keep}) + "\n")
+                tools = {k: g[k] for k in TOOL_KEYS if k in g}  # a multi-turn run's per-answer figures
+                f.write(json.dumps({**{k: g.get(k) for k in keep}, **tools}) + "\n")
         graded_all.extend(graded)
         data_meta.append(
             {
@@ -391,19 +412,36 @@ def _add_common(p: argparse.ArgumentParser, *, generation: bool, grading: bool) 
             help="with --grading reward: count an answer only after a closing </think>",
         )
         p.add_argument("--grader-timeout", type=float, default=10.0, help="seconds per answer")
+        p.add_argument(
+            "--strip-tool-responses",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="grade without the tool's answers (<tool_response>...</tool_response>), as the training reward "
+            "with strip_tool_responses (default: on for a run with tools, off otherwise)",
+        )
         p.add_argument("--reference", choices=REFERENCE_CHOICES, default="table1", help="paper rows to print")
         p.add_argument("--reference-file", help="read the reference rows from a Markdown file (docs/paper_results.md)")
         p.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="exgrpo-eval", description="ExGRPO evaluation (paper protocol: docs/algorithm.md §12)."
-    )
+def build_parser(
+    extend: Callable[[argparse.ArgumentParser], None] | None = None,
+    prog: str = "exgrpo-eval",
+    description: str = "ExGRPO evaluation (paper protocol: docs/algorithm.md §12).",
+) -> argparse.ArgumentParser:
+    """The command line's parser; ``extend(subparser)`` adds options to ``run`` and ``generate`` (another command
+    that reuses this one, see :func:`main`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_common(sub.add_parser("run", help="generate + grade + report"), generation=True, grading=True)
-    _add_common(sub.add_parser("generate", help="generate only (resumable)"), generation=True, grading=False)
+    for name, help_, grading in (
+        ("run", "generate + grade + report", True),
+        ("generate", "generate only (resumable)", False),
+    ):
+        p = sub.add_parser(name, help=help_)
+        _add_common(p, generation=True, grading=grading)
+        if extend is not None:
+            extend(p)
     p = sub.add_parser("score", help="grade the generations in --out and write the report")
     _add_common(p, generation=False, grading=True)
     p.add_argument("--allow-partial", action="store_true", help="grade what exists even if generation is unfinished")
@@ -446,6 +484,7 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
         grading=getattr(a, "grading", DEFAULT_GRADING),
         think_gate=getattr(a, "think_gate", True),
         grader_timeout_s=getattr(a, "grader_timeout", 10.0),
+        strip_tool_responses=bool(getattr(a, "strip_tool_responses", None)),
         reference=getattr(a, "reference", "table1"),
         reference_file=getattr(a, "reference_file", None),
         plot=not getattr(a, "no_plot", False),
@@ -454,26 +493,40 @@ def _config_from_args(a: argparse.Namespace) -> EvalConfig:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    parser: argparse.ArgumentParser | None = None,
+    configure: Callable[[EvalConfig, argparse.Namespace], None] | None = None,
+) -> int:
     """The command. SIGTERM, SIGHUP or Ctrl-C stop what it started (a vLLM engine, the data-parallel replicas, the
     grading workers) with one line and exit status 128 + the signal's number; the generations written so far stay
-    (the same command goes on from them)."""
-    a = build_parser().parse_args(argv)
-    return main_until_stopped(lambda: _main_reporting(a), lambda signum: describe_stopped(stop_descendants()), "eval")
+    (the same command goes on from them). ``parser`` (``build_parser()`` with more options) and
+    ``configure(cfg, args)`` (applied to the config of ``run`` and ``generate`` before anything runs) let another
+    command reuse it: the recipe's evaluation with tools (``python -m recipe.exgrpo.tool_eval``) adds its tool
+    settings this way."""
+    a = (parser or build_parser()).parse_args(argv)
+    return main_until_stopped(
+        lambda: _main_reporting(a, configure), lambda signum: describe_stopped(stop_descendants()), "eval"
+    )
 
 
-def _main_reporting(a: argparse.Namespace) -> int:
+def _main_reporting(
+    a: argparse.Namespace, configure: Callable[[EvalConfig, argparse.Namespace], None] | None = None
+) -> int:
     try:
-        return _main(a)
+        return _main(a, configure)
     except (ValueError, OSError, ImportError, ResumeMismatchError, RuntimeError) as e:
         # configuration and data problems: one clear line instead of a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-def _main(a: argparse.Namespace) -> int:
+def _main(a: argparse.Namespace, configure: Callable[[EvalConfig, argparse.Namespace], None] | None = None) -> int:
     if a.command in ("run", "generate"):
         cfg = _config_from_args(a)
+        if configure is not None:
+            configure(cfg, a)
         if a.command == "generate":
             done = generate(cfg)
             print(json.dumps({pathlib.Path(k).name: v for k, v in done.items()}))
@@ -489,6 +542,8 @@ def _main(a: argparse.Namespace) -> int:
         cfg.out_dir = a.out
         cfg.grader, cfg.grading = a.grader, a.grading
         cfg.think_gate, cfg.grader_timeout_s = a.think_gate, a.grader_timeout
+        if a.strip_tool_responses is not None:
+            cfg.strip_tool_responses = a.strip_tool_responses
         cfg.reference, cfg.reference_file, cfg.plot = a.reference, a.reference_file, not a.no_plot
         cfg.progress = not a.no_progress
         results = score(cfg, allow_partial=a.allow_partial)

@@ -3,6 +3,7 @@ process of ``exgrpo.eval.parallel`` rebuilds from its spec file."""
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -50,6 +51,13 @@ class EvalConfig:
     plot: bool = True
     overwrite: bool = False
     progress: bool = True
+    #: a multi-turn run (tools): ``{"factory": "module:function", ...settings}``. The factory builds the backend
+    #: (``factory(cfg) -> GenerationBackend``, e.g. the recipe's tool loop around this backend's engine); the
+    #: settings (tool file, parser, turn and length limits) are recorded with the results and guard resuming
+    agent: dict[str, Any] | None = None
+    #: grade without the tool's answers (``<tool_response>...</tool_response>`` spans), as the training reward does
+    #: with ``strip_tool_responses``: a tool that prints ``\boxed{}`` is not the model's answer
+    strip_tool_responses: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -65,6 +73,8 @@ class EvalConfig:
             raise ValueError(f"reference must be one of {REFERENCE_CHOICES}, got {self.reference!r}")
         if not self.data:
             raise ValueError("no benchmark parquet given (data)")
+        if self.agent is not None and ":" not in str(self.agent.get("factory", "")):
+            raise ValueError(f"agent needs a 'factory' given as module:function, got {self.agent.get('factory')!r}")
         stems = [pathlib.Path(d).stem for d in self.data]
         dup = sorted({s for s in stems if stems.count(s) > 1})
         if dup:
@@ -101,7 +111,11 @@ class EvalConfig:
         )
 
     def build_backend(self) -> GenerationBackend:
-        """The generation backend this run asks for (on this process's devices)."""
+        """The generation backend this run asks for (on this process's devices); with ``agent``, what its factory
+        builds (imported by name: the evaluation's core never imports the framework a multi-turn loop needs)."""
+        if self.agent is not None:
+            module, _, name = str(self.agent["factory"]).partition(":")
+            return getattr(importlib.import_module(module), name)(self)
         return build_backend(
             self.backend,
             self.model,

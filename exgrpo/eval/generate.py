@@ -26,6 +26,10 @@ from exgrpo.eval.metrics import canonical_benchmark, protocol_samples_per_questi
 from exgrpo.prompts import llama_base_prompt
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+#: the keys of a generation record (one line of OUT/generations/<data>.jsonl) that a backend's extras may not take
+RECORD_KEYS = frozenset(
+    ("row", "sample", "data_source", "benchmark", "question_id", "ground_truth", "response", "num_tokens")
+) | {"finish_reason"}
 
 # --- data ----------------------------------------------------------------------------------------------------
 
@@ -296,12 +300,22 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def generation_fingerprint(
-    *, model: str, backend: str, data: str, prompt_format: PromptFormat, sampling: SamplingSettings
+    *,
+    model: str,
+    backend: str,
+    data: str,
+    prompt_format: PromptFormat,
+    sampling: SamplingSettings,
+    agent: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Settings a generation depends on. ``n_samples`` is left out: raising it only adds samples."""
+    """Settings a generation depends on. ``n_samples`` is left out: raising it only adds samples. ``agent``: the
+    multi-turn settings (tools, turn and length limits; ``EvalConfig.agent``), absent for a single-turn run (so a
+    single-turn file written before they existed still resumes)."""
     s = asdict(sampling)
     s.pop("n_samples")
+    extra = {"agent": dict(agent)} if agent else {}
     return {
+        **extra,
         "model": str(model),
         "backend": backend,
         # the data file's content, not its path: an output directory stays resumable when the data moves
@@ -360,16 +374,22 @@ def generate_to_jsonl(
     bar = tqdm(total=total, desc=desc or store.path.stem, unit="sample", disable=not progress)
     try:
         for batch in batches:
-            prompts = [prompt_format.render(backend.tokenizer, by_row[r].messages) for r in batch]
             ns = [len(todo[r]) for r in batch]
             seeds = [sample_seed(sampling.seed, r) for r in batch]
-            outs = backend.generate(prompts, ns, seeds)
+            if getattr(backend, "takes_messages", False):  # a multi-turn backend renders the template itself
+                messages = [prompt_format.messages(by_row[r].messages) for r in batch]
+                outs = backend.generate(messages, ns, seeds, sample_ids=[todo[r] for r in batch])
+            else:
+                prompts = [prompt_format.render(backend.tokenizer, by_row[r].messages) for r in batch]
+                outs = backend.generate(prompts, ns, seeds)
             if len(outs) != len(batch) or any(len(o) != k for o, k in zip(outs, ns)):
                 raise RuntimeError(f"backend {backend.name!r} returned a wrong number of completions")
             records = []
             for r, comps in zip(batch, outs):
                 row = by_row[r]
                 for s, c in zip(todo[r], comps):
+                    if set(c.extra) & RECORD_KEYS:
+                        raise RuntimeError(f"backend {backend.name!r} reports {sorted(set(c.extra) & RECORD_KEYS)}")
                     records.append(
                         {
                             "row": r,
@@ -381,6 +401,7 @@ def generate_to_jsonl(
                             "response": c.text,
                             "num_tokens": c.num_tokens,
                             "finish_reason": c.finish_reason,
+                            **c.extra,
                         }
                     )
             store.append(records)

@@ -25,9 +25,12 @@ from typing import Any
 
 from exgrpo.eval.backends import package_version
 from exgrpo.eval.metrics import BenchmarkMetrics, compute_benchmark_metrics
-from exgrpo.reward import THINK_CLOSE, grade_batch, last_boxed
+from exgrpo.reward import THINK_CLOSE, grade_batch, last_boxed, strip_tool_responses
 
 DEFAULT_GRADER = "exgrpo.reward:score"
+#: what a multi-turn backend reports per answer (the generation record's extras): turns (verl's count: model turns +
+#: tool turns + 1), tool calls run, those that failed, and whether the exchange ended on a call no tool answered
+TOOL_KEYS = ("num_turns", "tool_calls", "tool_errors", "unanswered_call")
 GRADING_MODES = ("paper", "reward")
 DEFAULT_GRADING = "paper"
 NO_BOXED = "no_boxed"  # outcome of the paper rule: no \boxed{} where the answer must be
@@ -79,7 +82,9 @@ class Grader:
     """A correctness checker with the evaluation's settings; ``grader(response, ground_truth, data_source)``.
 
     ``grading``: "paper" (the paper's final-evaluation rule, see the module doc) or "reward" (the training
-    reward's rule, with ``think_gate``). ``think_gate`` only applies to "reward".
+    reward's rule, with ``think_gate``). ``think_gate`` only applies to "reward". ``strip_tool_responses``: the
+    tool's answers are cut out of a multi-turn response first (``exgrpo.reward.strip_tool_responses``, as the
+    training reward's option of that name), under either rule.
     """
 
     spec: str = DEFAULT_GRADER
@@ -87,6 +92,7 @@ class Grader:
     timeout_s: float = 10.0
     fn: Callable[..., Any] | None = field(default=None, repr=False)
     grading: str = DEFAULT_GRADING
+    strip_tool_responses: bool = False
 
     def __post_init__(self) -> None:
         if self.grading not in GRADING_MODES:
@@ -110,6 +116,8 @@ class Grader:
 
     def _checked_text(self, response: str) -> str | None:
         """What the checker sees: the boxed answer under the paper rule (None: no boxed answer, wrong)."""
+        if self.strip_tool_responses:
+            response = strip_tool_responses(response)
         if self.grading == "paper":
             answer = paper_answer(response)
             return None if answer is None else as_boxed(answer)
@@ -162,6 +170,8 @@ class Grader:
             "think_gate": self.think_gate if self.grading == "reward" else None,
             "timeout_s": self.timeout_s,
             "math_verify": package_version("math-verify"),
+            # only when on: the results of a single-turn run stay what they were
+            **({"strip_tool_responses": True} if self.strip_tool_responses else {}),
         }
 
 
@@ -189,5 +199,33 @@ def summarize(graded: Iterable[Mapping[str, Any]]) -> dict[str, BenchmarkMetrics
     for b, g in groups.items():
         m = compute_benchmark_metrics(b, g, truncated=truncated[b])
         m.outcomes = dict(sorted(outcomes[b].items())) if b in outcomes else None
+        m.tools = tool_figures([r for r in graded if r["benchmark"] == b])
         out[b] = m
+    return out
+
+
+def tool_figures(graded: Iterable[Mapping[str, Any]]) -> dict[str, float] | None:
+    """How a multi-turn run's answers used the tool (None for a single-turn run): calls per answer, the share of
+    answers with a call, the tool errors (count, and share of the calls), turns per answer, the share that ended on a
+    call no tool answered, and the accuracy (percent) of the answers with a call and of those without."""
+    rows = [r for r in graded if "tool_calls" in r]
+    if not rows:
+        return None
+    calls = [int(r["tool_calls"]) for r in rows]
+    errors = sum(int(r.get("tool_errors", 0)) for r in rows)
+    with_call = [float(r["score"]) for r, c in zip(rows, calls) if c > 0]
+    without = [float(r["score"]) for r, c in zip(rows, calls) if c == 0]
+    out = {
+        "answers": float(len(rows)),
+        "calls_per_answer": sum(calls) / len(rows),
+        "answers_with_call": len(with_call) / len(rows),
+        "tool_errors": float(errors),
+        "error_share_of_calls": errors / sum(calls) if sum(calls) else 0.0,
+        "turns_per_answer": sum(int(r.get("num_turns", 0)) for r in rows) / len(rows),
+        "ended_on_unanswered_call": sum(bool(r.get("unanswered_call")) for r in rows) / len(rows),
+    }
+    if with_call:
+        out["accuracy_with_call"] = 100.0 * sum(with_call) / len(with_call)
+    if without:
+        out["accuracy_without_call"] = 100.0 * sum(without) / len(without)
     return out

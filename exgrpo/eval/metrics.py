@@ -149,6 +149,7 @@ class BenchmarkMetrics:
     pass_at_k: dict[int, float] = field(default_factory=dict)
     truncated_fraction: float | None = None  # share of samples that hit the max-new-tokens limit
     outcomes: dict[str, int] | None = None  # grader outcome counts (correct, wrong, no_think, ...) when reported
+    tools: dict[str, float] | None = None  # a multi-turn run's tool figures (grading.tool_figures)
 
     @property
     def metric_name(self) -> str:

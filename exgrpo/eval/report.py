@@ -377,6 +377,22 @@ def _details_markdown(r: EvalResults, digits: int) -> list[str]:
             f"| {HEADERS.get(b, b)} | {m.metric_name} | {m.num_questions} | {m.num_samples} | "
             f"{_fmt(m.score, digits)} | " + " | ".join(pak) + f" | {trunc} | {_outcomes(m) or '—'} |"
         )
+    with_tools = [(b, m) for b, m in sorted(r.benchmarks.items(), key=_column_order) if m.tools]
+    if with_tools:
+        lines += [
+            "",
+            "| Benchmark (with the tool) | calls per answer | answers with a call | tool errors | turns per answer | "
+            "ended on an unanswered call | accuracy with a call | without |",
+            "|---" * 8 + "|",
+        ]
+        for b, m in with_tools:
+            t = m.tools
+            errors = f"{int(t['tool_errors'])} ({100 * t['error_share_of_calls']:.1f}% of calls)"
+            lines.append(
+                f"| {HEADERS.get(b, b)} | {t['calls_per_answer']:.2f} | {100 * t['answers_with_call']:.1f}% | "
+                f"{errors} | {t['turns_per_answer']:.2f} | {100 * t['ended_on_unanswered_call']:.1f}% | "
+                f"{_fmt(t.get('accuracy_with_call'), digits)} | {_fmt(t.get('accuracy_without_call'), digits)} |"
+            )
     for meta in r.metadata.get("merged_from", [r.metadata]):
         lines += ["", *_metadata_lines(meta)]
     return lines
@@ -411,7 +427,15 @@ def _metadata_lines(meta: Mapping[str, Any]) -> list[str]:
         f"{sampling.get('max_new_tokens')} · samples/row {sampling.get('n_samples') or 'protocol'} · seed "
         f"{sampling.get('seed')}",
         "- versions: " + " · ".join(f"{k} {v}" for k, v in versions.items()),
-    ]
+    ] + _agent_lines(meta.get("agent"))
+
+
+def _agent_lines(agent: Mapping[str, Any] | None) -> list[str]:
+    """A multi-turn run's settings: the tool file, the parser, the turn and length limits."""
+    if not agent:
+        return []
+    shown = " · ".join(f"{k} {v}" for k, v in agent.items() if k != "factory")
+    return [f"- with tools (`{agent.get('factory')}`): {shown}"]
 
 
 def write_table_csv(

@@ -1,7 +1,8 @@
 """The child side of :mod:`exgrpo.sandbox.runner`: run by path as ``python -I -S child.py CONFIG_JSON``.
 
-It confines its own process, in this order, before it reads a line of the model's code: resource limits,
-capabilities dropped, ``no_new_privs``, Landlock, seccomp-BPF. Then it writes what it applied as one JSON object to
+It confines its own process, in this order, before it runs a line of the model's code: resource limits,
+capabilities dropped, ``no_new_privs``, Landlock (writes, and reads outside ``readable_paths()``), seccomp-BPF (the
+rule groups of ``SECCOMP_GROUPS``). Then it writes what it applied as one JSON object to
 the status pipe the parent passed (closed before the code runs, so the code cannot forge it) and runs the code from
 stdin. Doing this here rather than in a ``preexec_fn`` keeps Python code out of the window between fork and exec of
 the parent, a threaded Ray actor.
@@ -41,8 +42,63 @@ SYSCALLS = {
         "io_uring_register": 427,
         "capset": 126,
         "seccomp": 317,
+        # metadata
+        "chmod": 90,
+        "fchmod": 91,
+        "fchmodat": 268,
+        "fchmodat2": 452,
+        "chown": 92,
+        "fchown": 93,
+        "lchown": 94,
+        "fchownat": 260,
+        "utime": 132,
+        "utimes": 235,
+        "futimesat": 261,
+        "utimensat": 280,
+        "setxattr": 188,
+        "lsetxattr": 189,
+        "fsetxattr": 190,
+        "removexattr": 197,
+        "lremovexattr": 198,
+        "fremovexattr": 199,
+        "setxattrat": 463,
+        "removexattrat": 466,
+        "file_setattr": 469,
+        "ioctl": 16,
+        # state beside the process: System V IPC, POSIX message queues, keyrings, memory files
+        "shmget": 29,
+        "shmat": 30,
+        "shmctl": 31,
+        "shmdt": 67,
+        "semget": 64,
+        "semop": 65,
+        "semctl": 66,
+        "semtimedop": 220,
+        "msgget": 68,
+        "msgsnd": 69,
+        "msgrcv": 70,
+        "msgctl": 71,
+        "mq_open": 240,
+        "mq_unlink": 241,
+        "mq_timedsend": 242,
+        "mq_timedreceive": 243,
+        "mq_notify": 244,
+        "mq_getsetattr": 245,
+        "add_key": 248,
+        "request_key": 249,
+        "keyctl": 250,
+        "memfd_create": 319,
+        "memfd_secret": 447,
+        # other processes' scheduling; leases
+        "setpriority": 141,
+        "sched_setparam": 142,
+        "sched_setscheduler": 144,
+        "sched_setaffinity": 203,
+        "sched_setattr": 314,
+        "ioprio_set": 251,
+        "fcntl": 72,
     },
-    "aarch64": {  # the generic table: no fork/vfork syscalls (glibc forks through clone)
+    "aarch64": {  # the generic table: no fork/vfork, chmod, chown, lchown, utime(s), futimesat (the *at forms only)
         "audit_arch": 0xC00000B7,
         "socket": 198,
         "setrlimit": 164,
@@ -59,14 +115,67 @@ SYSCALLS = {
         "io_uring_register": 427,
         "capset": 91,
         "seccomp": 277,
+        "fchmod": 52,
+        "fchmodat": 53,
+        "fchmodat2": 452,
+        "fchown": 55,
+        "fchownat": 54,
+        "utimensat": 88,
+        "setxattr": 5,
+        "lsetxattr": 6,
+        "fsetxattr": 7,
+        "removexattr": 14,
+        "lremovexattr": 15,
+        "fremovexattr": 16,
+        "setxattrat": 463,
+        "removexattrat": 466,
+        "file_setattr": 469,
+        "ioctl": 29,
+        "shmget": 194,
+        "shmat": 196,
+        "shmctl": 195,
+        "shmdt": 197,
+        "semget": 190,
+        "semop": 193,
+        "semctl": 191,
+        "semtimedop": 192,
+        "msgget": 186,
+        "msgsnd": 189,
+        "msgrcv": 188,
+        "msgctl": 187,
+        "mq_open": 180,
+        "mq_unlink": 181,
+        "mq_timedsend": 182,
+        "mq_timedreceive": 183,
+        "mq_notify": 184,
+        "mq_getsetattr": 185,
+        "add_key": 217,
+        "request_key": 218,
+        "keyctl": 219,
+        "memfd_create": 279,
+        "memfd_secret": 447,
+        "setpriority": 140,
+        "sched_setparam": 118,
+        "sched_setscheduler": 119,
+        "sched_setaffinity": 122,
+        "sched_setattr": 274,
+        "ioprio_set": 30,
+        "fcntl": 25,
     },
 }
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # the same on both
 
-# Landlock filesystem rights that change the filesystem, by the ABI that introduced them. The read rights
-# (EXECUTE=1<<0, READ_FILE=1<<2, READ_DIR=1<<3) stay unhandled, i.e. allowed: the interpreter reads its stdlib.
+# Landlock filesystem rights that change the filesystem, by the ABI that introduced them, and those that read it
 _FS_WRITE = {1: 1 << 1 | 0b1111111110000, 2: 1 << 13, 3: 1 << 14}  # v1: WRITE_FILE, REMOVE_*, MAKE_*; REFER; TRUNCATE
 _FS_WRITE_FILE, _FS_TRUNCATE = 1 << 1, 1 << 14
+_FS_EXECUTE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 2, 1 << 3  # ABI 1
+_FS_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+#: what the code may read besides its temp dir: the system's programs and shared libraries (the interpreter's
+#: extension modules load them), the files of /etc the C library reads (the loader's cache, the time zone, users
+#: and groups), the devices that hold no data. Not /etc, /home, /root, /proc, /sys, /tmp, the checkout, the data.
+READABLE_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
+READABLE_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+READABLE_DEVICES = ("/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI >= 4
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI >= 6
 
@@ -157,10 +266,26 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _landlock(libc: ctypes.CDLL, abi: int, workdir: str) -> None:
-    """Writes allowed beneath ``workdir`` (and to /dev/null) only; on ABI >= 4 no TCP bind/connect at all; on
-    ABI >= 6 no signal to a process outside this sandbox and no abstract unix socket outside it."""
-    fs = sum(bits for version, bits in _FS_WRITE.items() if version <= abi)
+def readable_paths() -> tuple[list[str], list[str]]:
+    """The directories and the files this interpreter's code may read (beside its temp dir and /dev/null): the
+    system's (``READABLE_*``), the interpreter's standard library and shared library (a Python subprocess loads it),
+    its executable and its venv's ``pyvenv.cfg``, and its site-packages when it started with them (no ``-S``)."""
+    dirs = [*READABLE_DIRS, os.path.dirname(os.__file__)]
+    if os.path.dirname(os.__file__).startswith(os.path.join(sys.base_prefix, "lib") + os.sep):
+        dirs.append(os.path.join(sys.base_prefix, "lib"))  # an install's lib (libpython), never "/lib" of a prefix "/"
+    site = sys.modules.get("site")  # imported at start-up unless -S
+    if site is not None:
+        dirs += site.getsitepackages()
+    files = [*READABLE_FILES, *READABLE_DEVICES, os.path.realpath(sys.executable)]
+    files.append(os.path.join(sys.prefix, "pyvenv.cfg"))
+    return dirs, files
+
+
+def _landlock(libc: ctypes.CDLL, abi: int, workdir: str, confine_reads: bool) -> None:
+    """Writes allowed beneath ``workdir`` (and to /dev/null) only; with ``confine_reads``, reads too, beneath
+    ``workdir`` and the :func:`readable_paths`; on ABI >= 4 no TCP bind/connect at all; on ABI >= 6 no signal to a
+    process outside this sandbox and no abstract unix socket outside it."""
+    fs = sum(bits for version, bits in _FS_WRITE.items() if version <= abi) | (_FS_READ if confine_reads else 0)
     net = _NET_BIND_TCP | _NET_CONNECT_TCP if abi >= 4 else 0
     scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if abi >= 6 else 0
     attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
@@ -170,11 +295,22 @@ def _landlock(libc: ctypes.CDLL, abi: int, workdir: str) -> None:
         libc.syscall(nr(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)),
         "landlock_create_ruleset",
     )
+    # subprocess.DEVNULL and open(os.devnull, "w") are common; /dev/null takes file rights only
+    rules = [(workdir, fs, True), (os.devnull, fs & (_FS_WRITE_FILE | _FS_TRUNCATE | _FS_READ_FILE), True)]
+    if confine_reads:
+        dirs, files = readable_paths()
+        rules += [(d, _FS_READ, False) for d in dirs] + [(f, _FS_EXECUTE | _FS_READ_FILE, False) for f in files]
     try:
-        # subprocess.DEVNULL and open(os.devnull, "w") are common; /dev/null takes file rights only
-        for path, allowed in ((workdir, fs), (os.devnull, fs & (_FS_WRITE_FILE | _FS_TRUNCATE))):
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, allowed, required in rules:
             try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                if required:
+                    raise
+                continue  # a system path this machine does not have
+            try:
+                if not required and os.path.isdir(path) != (allowed == _FS_READ):
+                    continue  # a file where a directory was expected, or the other way round
                 rule = ctypes.byref(_PathBeneath(allowed, fd))
                 beneath, flags = ctypes.c_int(1), ctypes.c_uint32(0)  # LANDLOCK_RULE_PATH_BENEATH
                 ret = libc.syscall(nr(LANDLOCK_ADD_RULE), ctypes.c_int(ruleset), beneath, rule, flags)
@@ -186,17 +322,65 @@ def _landlock(libc: ctypes.CDLL, abi: int, workdir: str) -> None:
         os.close(ruleset)
 
 
-def seccomp_program(table: dict, allow_subprocess: bool) -> list[tuple[int, int, int, int]]:
-    """The BPF program, as (code, jt, jf, k). Everything not named is allowed; each rule says why it is there."""
+#: the seccomp filter's rule groups (each can be left out on its own: ``_LEFT_OUT`` "seccomp:<group>", the tests'
+#: fault injection); the syscalls each group denies outright (EPERM unless said otherwise). The groups ``limits``,
+#: ``namespaces``, ``fork``, ``clone_parent``, ``metadata``, ``other_processes`` and ``leases`` also check arguments
+#: (``seccomp_program``).
+SECCOMP_GROUPS: dict[str, tuple[str, ...]] = {
+    # no network: every address family, AF_UNIX too (a root process could reach docker.sock, Ray's and other
+    # daemons' sockets; Landlock does not confine connect() to a named socket). socketpair() stays. io_uring performs
+    # socket/connect/open without the syscalls of this filter being seen.
+    "network": ("socket", "io_uring_setup", "io_uring_enter", "io_uring_register"),
+    "limits": ("setrlimit",),  # the limits stay (for uid 0 too; prlimit64 below)
+    "ptrace": ("ptrace",),  # no reading or steering another process (Landlock denies outside ones already)
+    "process_group": ("setsid", "setpgid"),  # every descendant stays in the process group the parent kills
+    "namespaces": ("unshare", "setns"),  # the widest kernel attack surface open to an unprivileged process
+    "fork": ("fork", "vfork"),  # unless allow_subprocess
+    # Landlock has no right for a file's metadata, and the code owns the caller's files (as uid 0: root's): no mode
+    # (setuid bits), owner, times or extended attributes change anywhere, the temp dir included
+    "metadata": (
+        *("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat"),
+        *("utime", "utimes", "futimesat", "utimensat"),
+        *("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr"),
+        *("setxattrat", "removexattrat", "file_setattr"),
+    ),
+    # state that outlives the process and that no limit of it counts: System V shared memory, semaphores and
+    # message queues, POSIX message queues, keys in the user's and the session's keyrings
+    "ipc": (
+        *("shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop"),
+        *("msgget", "msgsnd", "msgrcv", "msgctl"),
+        *("mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"),
+        *("add_key", "request_key", "keyctl"),
+    ),
+    "memfd": ("memfd_create", "memfd_secret"),  # memory in files: outside RLIMIT_AS
+    "other_processes": (),  # setpriority, sched_set*, ioprio_set on another process: arguments, below
+    "leases": (),  # fcntl(F_SETLEASE): arguments, below
+    "clone_parent": (),  # clone(CLONE_PARENT): arguments, below
+}
+CLONE_PARENT = 0x00008000
+F_SETLEASE = 1024
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+#: ioctl types whose commands change a file's flags or attributes (chattr: FS_IOC_SETFLAGS 'f' 2, FS_IOC_FSSETXATTR
+#: 'X' 32, FS_IOC_SETVERSION 'v' 2, the fscrypt policy and key commands 'f' 19-26); their read-only commands stay
+_FILE_IOCTL_TYPES = (ord("f"), ord("X"), ord("v"))
+_FILE_IOCTL_READS = (0x80086601, 0x80046601, 0x801C581F)  # FS_IOC_GETFLAGS, FS_IOC32_GETFLAGS, FS_IOC_FSGETXATTR
+
+
+def seccomp_program(
+    table: dict, allow_subprocess: bool, skip: frozenset[str] | set[str] = frozenset()
+) -> list[tuple[int, int, int, int]]:
+    """The BPF program, as (code, jt, jf, k). Everything not named is allowed; each rule says why it is there.
+    ``skip``: rule groups left out (``SECCOMP_GROUPS``; only the tests' fault injection)."""
     ld_nr, ld_arch = (0x20, 0, 0, 0), (0x20, 0, 0, 4)  # BPF_LD|W|ABS of seccomp_data.nr / .arch
+    allow, deny = "allow", "deny"
 
     def ld_arg(i: int, high: bool = False) -> tuple[int, int, int, int]:
-        return (0x20, 0, 0, 16 + 8 * i + (4 if high else 0))
+        return (0x20, 0, 0, 16 + 8 * i + (4 if high else 0))  # the argument's low (or high) 32 bits
 
-    def jeq(k: int, jt: int, jf: int) -> tuple[int, int, int, int]:
+    def jeq(k: int, jt: int | str, jf: int | str) -> tuple:
         return (0x15, jt, jf, k)
 
-    def jset(k: int, jt: int, jf: int) -> tuple[int, int, int, int]:
+    def jset(k: int, jt: int | str, jf: int | str) -> tuple:
         return (0x45, jt, jf, k)
 
     def ret(k: int) -> tuple[int, int, int, int]:
@@ -207,39 +391,51 @@ def seccomp_program(table: dict, allow_subprocess: bool) -> list[tuple[int, int,
     prog = [ld_arch, jeq(table["audit_arch"], 1, 0), ret(RET_KILL_PROCESS), ld_nr]
     if "fork" in table:  # x86_64: the x32 ABI sets bit 30 of the number
         prog += [(0x35, 0, 1, 0x40000000), ret(RET_KILL_PROCESS)]  # BPF_JGE
-    denied = {
-        # no network: every address family, AF_UNIX too (a root process could reach docker.sock, Ray's and
-        # other daemons' sockets; Landlock does not confine connect() to a named socket). socketpair() stays.
-        "socket": eperm,
-        # io_uring performs socket/connect/open without the syscalls above being seen by this filter
-        "io_uring_setup": eperm,
-        "io_uring_enter": eperm,
-        "io_uring_register": eperm,
-        "setrlimit": eperm,  # the limits stay (for uid 0 too; prlimit64 below)
-        "ptrace": eperm,  # no reading or steering another process (Landlock denies outside ones already)
-        # every descendant stays in the process group the parent kills on timeout
-        "setsid": eperm,
-        "setpgid": eperm,
-        # namespaces are the widest kernel attack surface open to an unprivileged process
-        "unshare": eperm,
-        "setns": eperm,
-        # clone3 passes its flags in memory a filter cannot read: ENOSYS makes glibc fall back to clone()
-        "clone3": enosys,
-    }
-    if not allow_subprocess:
-        denied.update({"fork": eperm, "vfork": eperm})
+    denied = {name: eperm for group, names in SECCOMP_GROUPS.items() if group not in skip for name in names}
+    if allow_subprocess:
+        denied = {name: action for name, action in denied.items() if name not in SECCOMP_GROUPS["fork"]}
+    # clone3 passes its flags in memory a filter cannot read: ENOSYS makes glibc fall back to clone()
+    denied["clone3"] = enosys
     for name, action in denied.items():
         if name in table:
             prog += [jeq(table[name], 0, 1), ret(action)]
-    # prlimit64(pid, res, new, old): reading a limit (new == NULL, how glibc's getrlimit works) is fine
-    prog += [jeq(table["prlimit64"], 0, 6), ld_arg(2), jeq(0, 0, 3), ld_arg(2, high=True), jeq(0, 0, 1)]
-    prog += [ret(RET_ALLOW), ret(eperm)]
-    # clone(flags, ...): threads always; new namespaces never; new processes only with allow_subprocess
-    prog += [ld_nr, jeq(table["clone"], 0, 4 if allow_subprocess else 5), ld_arg(0)]
-    if allow_subprocess:
-        prog += [jset(CLONE_NEW_MASK, 1, 0), ret(RET_ALLOW), ret(eperm)]
-    else:
-        prog += [jset(CLONE_NEW_MASK, 2, 0), jset(CLONE_THREAD, 0, 1), ret(RET_ALLOW), ret(eperm)]
+
+    def block(name: str, body: list[tuple]) -> list[tuple]:
+        """``body`` runs for syscall ``name`` only and ends in an allow or a deny (jumps to "allow"/"deny"); the
+        number is reloaded first, as a body overwrites the accumulator."""
+        body = [*body, ret(RET_ALLOW), ret(eperm)]
+        at = {allow: len(body) - 2, deny: len(body) - 1}
+        resolved = []
+        for i, (code, jt, jf, k) in enumerate(body):
+            jt, jf = (at[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+            resolved.append((code, jt, jf, k))
+        return [ld_nr, jeq(table[name], 0, len(resolved)), *resolved]
+
+    if "limits" not in skip:
+        # prlimit64(pid, res, new, old): reading a limit (new == NULL, how glibc's getrlimit works) is fine
+        prog += block("prlimit64", [ld_arg(2), jeq(0, 0, deny), ld_arg(2, high=True), jeq(0, allow, deny)])
+    # clone(flags, ...): threads always; new namespaces never; CLONE_PARENT never (the new process would be the
+    # caller's child, a zombie there when it exits); new processes only with allow_subprocess
+    refused_flags = (CLONE_NEW_MASK if "namespaces" not in skip else 0) | (
+        CLONE_PARENT if "clone_parent" not in skip else 0
+    )
+    clone = [ld_arg(0)] + ([jset(refused_flags, deny, 0)] if refused_flags else [])
+    if not allow_subprocess and "fork" not in skip:
+        clone += [jset(CLONE_THREAD, allow, deny)]
+    prog += block("clone", clone)
+    if "metadata" not in skip:
+        ioctl = [ld_arg(1)] + [jeq(cmd, allow, 0) for cmd in _FILE_IOCTL_READS] + [(0x54, 0, 0, 0xFF00)]  # A &= ..
+        ioctl += [jeq(kind << 8, deny, 0) for kind in _FILE_IOCTL_TYPES]
+        prog += block("ioctl", ioctl)
+    if "other_processes" not in skip:
+        # the calling process's own scheduling only (pid 0): not the trainer's, not a sibling sandbox's (same uid)
+        prog += block("setpriority", [ld_arg(0), jeq(PRIO_PROCESS, 0, deny), ld_arg(1), jeq(0, allow, deny)])
+        prog += block("ioprio_set", [ld_arg(0), jeq(IOPRIO_WHO_PROCESS, 0, deny), ld_arg(1), jeq(0, allow, deny)])
+        for name in ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr"):
+            prog += block(name, [ld_arg(0), jeq(0, allow, deny)])
+    if "leases" not in skip:
+        # a lease on a file it can read would hold back the caller's open for writing until the call ends
+        prog += block("fcntl", [ld_arg(1), jeq(F_SETLEASE, deny, allow)])
     return prog + [ret(RET_ALLOW)]
 
 
@@ -251,8 +447,8 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def _seccomp(libc: ctypes.CDLL, table: dict, allow_subprocess: bool) -> None:
-    prog = seccomp_program(table, allow_subprocess)
+def _seccomp(libc: ctypes.CDLL, table: dict, allow_subprocess: bool, skip: frozenset[str]) -> None:
+    prog = seccomp_program(table, allow_subprocess, skip)
     filters = (_SockFilter * len(prog))(*[_SockFilter(*insn) for insn in prog])
     fprog = _SockFprog(len(prog), filters)
     _prctl(libc, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
@@ -260,7 +456,9 @@ def _seccomp(libc: ctypes.CDLL, table: dict, allow_subprocess: bool) -> None:
 
 def confine(cfg: dict) -> tuple[dict[str, bool | int], list[str]]:
     """Apply every protection this kernel offers; return what was applied and what failed."""
-    skip = set(cfg.get("skip", ()))  # layers left out on purpose: only the tests' fault injection sets this
+    # layers left out on purpose: only the tests' fault injection sets this ("landlock", "seccomp", ..., or a part
+    # of one: "landlock:reads", "seccomp:<group>" of SECCOMP_GROUPS)
+    skip = set(cfg.get("skip", ()))
     libc, table = _libc(), SYSCALLS.get(arch() or "")
     applied: dict[str, bool | int] = {
         "rlimits": False,
@@ -268,6 +466,7 @@ def confine(cfg: dict) -> tuple[dict[str, bool | int], list[str]]:
         "no_new_privs": False,
         "landlock_abi": 0,
         "signals_scoped": False,
+        "reads_confined": False,
         "seccomp": False,
         "subprocess_allowed": bool(cfg["allow_subprocess"]),
     }
@@ -292,9 +491,11 @@ def confine(cfg: dict) -> tuple[dict[str, bool | int], list[str]]:
     abi = landlock_abi(libc)
     if abi == 0 and "landlock" not in skip:
         failed.append("landlock: not available in this kernel")
-    elif abi and attempt("landlock", _landlock, libc, abi, cfg["workdir"]):
+    elif abi and attempt("landlock", _landlock, libc, abi, cfg["workdir"], "landlock:reads" not in skip):
         applied["landlock_abi"], applied["signals_scoped"] = abi, abi >= 6
-    applied["seccomp"] = attempt("seccomp", _seccomp, libc, table, bool(cfg["allow_subprocess"]))
+        applied["reads_confined"] = "landlock:reads" not in skip
+    groups = frozenset(name.split(":", 1)[1] for name in skip if name.startswith("seccomp:"))
+    applied["seccomp"] = attempt("seccomp", _seccomp, libc, table, bool(cfg["allow_subprocess"]), groups)
     return applied, failed
 
 

@@ -13,23 +13,39 @@ before it runs the code (nothing runs between fork and exec of the caller, which
 - **privileges**: every capability dropped, bounding set included (uid 0 in a container becomes a plain user: no
   module loading, raw I/O, DAC override, raising a hard limit), then ``PR_SET_NO_NEW_PRIVS``;
 - **filesystem** (Landlock): every right that changes the filesystem is allowed only beneath the temp dir (and
-  writing to /dev/null); reading stays allowed everywhere, as the interpreter needs its stdlib;
+  writing to /dev/null); reading only there and beneath the interpreter (its stdlib, its site-packages when
+  ``site_packages``), the system's programs and libraries (/usr, /lib, /bin) and a few files of /etc the C library
+  reads (``child.readable_paths``): not a secret in /root or /home, the checkout, another call's temp dir;
+- **metadata** (seccomp, EPERM): no chmod, chown, utime or xattr change, nor an ioctl that sets a file's flags,
+  anywhere (Landlock has no right for them, and the code owns the caller's files): also not in the temp dir, so
+  ``shutil.copy`` (which copies the mode) fails there and ``shutil.copyfile`` works;
 - **network**: seccomp makes ``socket()`` fail with EPERM for every address family (AF_UNIX too: a named unix
   socket such as docker.sock or a Ray daemon's is not confined by Landlock), and io_uring, which could open sockets
   without that syscall; on Landlock ABI >= 4 TCP bind/connect are denied as well;
+- **state beside the process** (seccomp, EPERM): System V shared memory, semaphores and message queues, POSIX
+  message queues, keyrings (each outlives the call, and shared memory is memory no limit of the call counts),
+  ``memfd_create`` (memory outside RLIMIT_AS), leases on files (``F_SETLEASE``: the caller's open would wait);
+- **other processes** (seccomp, EPERM): nice value, CPU affinity, scheduling policy and I/O priority of the calling
+  process only (pid 0), not of the trainer or a concurrent call of the same uid;
 - **escape routes** (seccomp, each EPERM): ``setrlimit``/``prlimit64`` with a new value, ``ptrace``,
   ``setsid``/``setpgid`` (every descendant stays in the group the timeout kills), ``unshare``/``setns`` and
-  namespace flags of ``clone``; and, unless ``allow_subprocess``, creating processes (``fork``, ``vfork``, ``clone``
-  without CLONE_THREAD; threads still work), which is what bounds a fork bomb: RLIMIT_NPROC counts every process
-  of the uid and is not enforced for uid 0 at all. A syscall of another ABI (i386, x32) kills the process;
-- **signals** (Landlock ABI >= 6): no signal to a process outside the sandbox (the trainer, the Ray worker).
+  namespace flags of ``clone``, ``CLONE_PARENT`` (a process made the caller's child would be its zombie); and,
+  unless ``allow_subprocess``, creating processes (``fork``, ``vfork``, ``clone`` without CLONE_THREAD; threads
+  still work), which is what bounds a fork bomb: RLIMIT_NPROC counts every process of the uid and is not enforced
+  for uid 0 at all. A syscall of another ABI (i386, x32) kills the process;
+- **signals** (Landlock ABI >= 6): no signal to a process outside the sandbox (the trainer, the Ray worker);
+- **the cleanup**: the temp dir is removed whatever it holds (any depth, no permissions, links), without recursion.
 
-Not confined: reading the filesystem (whatever the uid may read: with uid 0, most of the machine; keep secrets out of
-files the training container can read); CPU time vs wall clock (a sleeping or blocked process uses no CPU: only
-``timeout_s`` stops it; threads use CPU in parallel); disk space in the temp dir (each file is capped, their number
-is not: bounded by the wall clock times the disk's speed); with ``allow_subprocess``, the number of processes (only
-the wall clock and the per-process limits bound it); on Landlock ABI < 6, signals to other processes of the same
-uid; the host's memory across concurrent calls (each may use ``memory_mb``); and an attacker with a kernel exploit.
+None of these depends on the caller's uid: they hold the same for a trainer that is root and one that is not.
+
+Not confined: the names, sizes and times of files outside the readable paths (``stat`` is not a read); locks
+(``flock``, ``fcntl`` record locks) on the files it may read, which hold back only a process that locks the same
+file; CPU time vs wall clock (a sleeping or blocked process uses no CPU: only ``timeout_s`` stops it; threads use CPU
+in parallel); disk space in the temp dir (each file is capped, their number is not: bounded by the wall clock times
+the disk's speed; where the temp dir is a tmpfs, that is memory); with ``allow_subprocess``, the number of processes
+(only the wall clock and the per-process limits bound it); on Landlock ABI < 6, signals to other processes of the
+same uid; the host's memory across concurrent calls (each may use ``memory_mb``); syscalls the deny lists do not name
+(a new kernel's); and an attacker with a kernel exploit. docs/tools.md says what a fix of each would need.
 ``isolation_available()`` says what this kernel offers; ``require_isolation`` (the default) refuses to run the code
 without Landlock and seccomp, naming what is missing; ``result.protections`` says what was applied.
 
@@ -48,7 +64,6 @@ import logging
 import os
 import re
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
@@ -269,19 +284,78 @@ def _reap(proc: subprocess.Popen) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _remove_tree(path: str) -> None:
-    def make_writable_and_retry(func, failed_path, _exc_info):
-        # the code may have left a directory without write or search permission
-        parent = os.path.dirname(failed_path)
-        os.chmod(parent, stat.S_IRWXU)
-        if os.path.isdir(failed_path) and not os.path.islink(failed_path):
-            os.chmod(failed_path, stat.S_IRWXU)
-        func(failed_path)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
+
+def _writable(action, fd: int):
+    """``action()``, once more after giving the directory ``fd`` back its owner's rights if it was refused (the code
+    may leave a directory without read, write or search permission; uid 0 needs none of them)."""
     try:
-        shutil.rmtree(path, onerror=make_writable_and_retry)
+        return action()
+    except PermissionError:
+        os.fchmod(fd, stat.S_IRWXU)
+        return action()
+
+
+def _open_dir(name: str, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        os.chmod(name, stat.S_IRWXU, dir_fd=dir_fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def _clear(fd: int) -> list[str]:
+    """Remove every entry of the directory ``fd`` but its subdirectories; return their names (links are removed,
+    never followed)."""
+    entries = _writable(lambda: [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)], fd)
+    for name in (name for name, is_dir in entries if not is_dir):
+        _writable(functools.partial(os.unlink, name, dir_fd=fd), fd)
+    return [name for name, is_dir in entries if is_dir]
+
+
+def _remove_tree(path: str) -> None:
+    """Remove the sandbox's temp dir, whatever the code left in it: any depth (no recursion and no path longer than
+    one name: a tree 3,000 directories deep passes both Python's recursion limit and PATH_MAX, where shutil.rmtree
+    raised RecursionError), directories without permissions, links (removed, never followed). Two descriptors open
+    at a time; every process of the call is dead by now, and each step back up is checked against the directory it
+    came from all the same. A failure is logged, never raised."""
+    try:
+        fd = _open_dir(path)
+    except FileNotFoundError:
+        return
     except OSError as e:
         logger.warning("could not remove the sandbox dir %s: %s", path, e)
+        return
+    try:
+        pending, way_up = [_clear(fd)], []  # per level down: the subdirectories left to remove; the way back up
+        while pending:
+            if pending[-1]:
+                name = pending[-1].pop()
+                sub = _open_dir(name, fd)
+                here = os.fstat(fd)
+                os.close(fd)
+                fd = sub
+                way_up.append((name, (here.st_dev, here.st_ino)))
+                pending.append(_clear(fd))
+                continue
+            pending.pop()
+            if way_up:
+                name, parent = way_up.pop()
+                up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = up
+                if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != parent:
+                    raise OSError(f"{name}: the tree moved while it was being removed")
+                _writable(functools.partial(os.rmdir, name, dir_fd=fd), fd)
+        os.close(fd)
+        fd = -1
+        os.rmdir(path)
+    except OSError as e:
+        logger.warning("could not remove the sandbox dir %s: %s", path, e)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _collect(proc: subprocess.Popen, status_fd: int, limits: SandboxLimits) -> tuple[dict, _Capture, _Capture, bool]:
@@ -415,4 +489,5 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
                 stream.close()
         if status_r is not None:
             os.close(status_r)
-        _remove_tree(workdir)
+        if "cleanup" not in _LEFT_OUT:
+            _remove_tree(workdir)

@@ -16,6 +16,7 @@ __all__ = [
     "REWARD_MODEL_CLIENT",
     "UNSUPPORTED_VERL_SETTINGS",
     "V1_TRAINER_MODES",
+    "multi_turn_problems",
     "reward_model_problems",
     "stage_deadline_problems",
     "StartupConfigError",
@@ -305,6 +306,30 @@ def reward_model_problems(config) -> list[str]:
     return problems
 
 
+def multi_turn_problems(config) -> list[str]:
+    """A replaying run whose rollouts may call tools needs the rollout's own log-probs.
+
+    Before the pool stores a tool-calling exchange, the trainer checks that no token its loss mask calls the tool's
+    carries a log-prob the rollout sampled (``replay_step.batch.member_defect``: the mask is what the rollout did, or
+    the exchange is not stored). The rollout hands those log-probs over (``rollout_log_probs``) only with
+    ``actor_rollout_ref.rollout.calculate_log_probs`` (verl 0.9.1's default: true); without them the check could not
+    run, and would be skipped without a word. The on-policy baseline stores nothing and needs no check."""
+    from recipe.exgrpo.tool_turns import runs_tools
+
+    if not OmegaConf.select(config, "exgrpo.enable", default=True) or not runs_tools(config):
+        return []
+    value = OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True)
+    if value is True or (isinstance(value, str) and value.lower() == "true"):
+        return []
+    return [
+        f"actor_rollout_ref.rollout.calculate_log_probs={value!r} in a run whose rollouts call tools (actor_rollout_"
+        "ref.rollout.multi_turn): the trainer checks every tool-calling exchange against the rollout's log-probs "
+        "before storing it (no sampled log-prob on a tool token: the loss mask is what the rollout did), and the "
+        "rollout returns them only with this setting; set actor_rollout_ref.rollout.calculate_log_probs=true "
+        "(docs/algorithm.md §14)"
+    ]
+
+
 def stage_deadline_problems(config) -> list[str]:
     """The problems of the ``stage_deadlines`` block (recipe/exgrpo/runtime/stage_deadlines.py), each naming its key."""
     from recipe.exgrpo.runtime.stage_deadlines import BLOCK, deadline_problems
@@ -315,9 +340,10 @@ def stage_deadline_problems(config) -> list[str]:
 
 def check_startup_config(config) -> ExGRPOConfig:
     """The validated ``exgrpo`` block of a launch config; raises one :class:`StartupConfigError` listing every
-    unsupported verl setting, every problem of the reward model and of the stage deadlines, and every problem of
-    the block."""
-    problems = verl_setting_problems(config) + reward_model_problems(config) + stage_deadline_problems(config)
+    unsupported verl setting, every problem of the reward model, of the multi-turn settings and of the stage
+    deadlines, and every problem of the block."""
+    problems = verl_setting_problems(config) + reward_model_problems(config) + multi_turn_problems(config)
+    problems += stage_deadline_problems(config)
     try:
         exgrpo = exgrpo_config_from_hydra(config)
     except ConfigError as e:

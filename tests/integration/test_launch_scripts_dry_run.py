@@ -746,6 +746,17 @@ def test_a_bad_value_of_strip_tool_responses_fails_the_dry_run():
         compose(overrides)
 
 
+def test_the_tir_run_without_the_rollouts_log_probs_fails_the_dry_run():
+    """The trainer checks each tool-calling exchange against the rollout's log-probs before storing it; without
+    calculate_log_probs (verl's default: true) there are none, and start-up (so the dry run) refuses, naming the key;
+    the on-policy twin stores nothing and runs."""
+    (overrides,) = printed_launches(TIR, "actor_rollout_ref.rollout.calculate_log_probs=false")
+    with pytest.raises(DryRunError, match=r"set actor_rollout_ref.rollout.calculate_log_probs=true"):
+        compose(overrides)
+    (overrides,) = printed_launches(TIR, "actor_rollout_ref.rollout.calculate_log_probs=false", "exgrpo.enable=false")
+    assert not compose(overrides).exgrpo.enable
+
+
 def _tir_files(tmp_path: Path) -> tuple[Path, Path, Path]:
     """A model directory and TIR training / validation files written by the preprocessing command itself."""
     from data_preprocess import benchmarks, openr1_math

@@ -116,36 +116,55 @@ def test_the_tool_reward_and_the_tool_turn_metrics(tokenizer):
     response = np.asarray(mask[n_prompt:] + [0] * 8)
     one = np.asarray([1] * 20 + [0] * (len(response) - 20))
     masks = np.stack([response, one, response, one])
+    lengths = np.asarray([len(mask) - n_prompt, 20] * 2)  # the padding after each response is not its own
     scores = np.asarray([1.0, 0.0, 0.0, 1.0])
-    metrics = tool_turn_metrics(scores, masks, generated=np.asarray([True, True, True, False]))
+    metrics = tool_turn_metrics(scores, masks, np.asarray([True, True, True, False]), lengths)
     assert metrics == {
         "exgrpo/multi_turn/replayed_tool_turn_share": 0.0,
         "exgrpo/multi_turn/tool_turn_share": pytest.approx(2 / 3),
         "exgrpo/multi_turn/reward_with_tool_turn": 0.5,
         "exgrpo/multi_turn/reward_without_tool_turn": 0.0,
     }
-    replayed_call = tool_turn_metrics(scores, masks, generated=np.asarray([True, True, False, True]))
+    replayed_call = tool_turn_metrics(scores, masks, np.asarray([True, True, False, True]), lengths)
     assert replayed_call["exgrpo/multi_turn/replayed_tool_turn_share"] == 1.0
     assert replayed_call["exgrpo/multi_turn/tool_turn_share"] == pytest.approx(1 / 3)
 
 
 def test_rows_with_a_tool_turn_match_the_per_row_definition():
-    """The vectorised check against its definition, one row at a time: a context token (0) before the row's last
-    model token (1); padding after it and rows without a model token do not count."""
+    """The vectorised check against its definition, one row at a time: a context token (0) within the response's
+    length beside its model tokens (1); the padding after the length and rows without a model token do not count."""
     from recipe.exgrpo.replay_step.metrics import rows_with_tool_turn
-    from recipe.exgrpo.tool_turns import last_model_turn
 
     rng = np.random.default_rng(0)
     masks = (rng.random((500, 12)) < rng.random((500, 1))).astype(np.int64)
-    masks[:3] = [[0] * 12, [1] * 5 + [0] * 7, [1, 1, 0, 1] + [0] * 8]
+    lengths = rng.integers(0, 13, 500)
+    masks[np.arange(12)[None, :] >= lengths[:, None]] = 0  # the padding: never the model's
+    masks[:3], lengths[:3] = [[0] * 12, [1] * 5 + [0] * 7, [1, 1, 0, 1] + [0] * 8], [12, 5, 4]
 
-    def one(mask):
-        turn = last_model_turn(mask)
-        return turn is not None and not mask[: turn[1]].all()
+    def one(mask, length):
+        return bool(mask[:length].any()) and not mask[:length].all()
 
-    expected = np.asarray([one(m) for m in masks])
+    expected = np.asarray([one(m, n) for m, n in zip(masks, lengths)])
     assert list(expected[:3]) == [False, False, True] and 0 < expected.sum() < len(masks)
-    assert (rows_with_tool_turn(masks) == expected).all()
+    assert (rows_with_tool_turn(masks, lengths) == expected).all()
+
+
+def test_an_exchange_cut_inside_the_tools_answer_holds_a_tool_turn():
+    """The response length cut the exchange inside the tool's answer: a model turn, then tool tokens up to the
+    end, no model token after them. Its mask is the mask of a one-turn answer followed by padding (zeros after the
+    last 1), so only the response's length tells them apart: the cut exchange has a tool turn, the padded answer
+    has none. Counted by the mask alone (the definition before: a 0 before the last 1), the cut exchange had no
+    tool turn, and this test failed."""
+    from recipe.exgrpo.replay_step.metrics import rows_with_tool_turn, tool_turn_metrics
+
+    mask = np.asarray([[1, 1, 1, 0, 0, 0, 0, 0]] * 2)
+    lengths = np.asarray([8, 3])  # cut in the tool's answer; a one-turn answer of 3 tokens and its padding
+    assert rows_with_tool_turn(mask, lengths).tolist() == [True, False]
+    metrics = tool_turn_metrics(np.asarray([0.0, 1.0]), mask, np.asarray([True, True]), lengths)
+    assert metrics["exgrpo/multi_turn/tool_turn_share"] == 0.5
+    assert metrics["exgrpo/multi_turn/reward_with_tool_turn"] == 0.0
+    with pytest.raises(ValueError, match="2 lengths for 1 rows"):
+        rows_with_tool_turn(mask[:1], lengths)
 
 
 def test_the_tool_assets_are_their_own_and_the_call_share_is_part_of_the_digest():

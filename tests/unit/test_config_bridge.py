@@ -14,6 +14,7 @@ from recipe.exgrpo.config_bridge import (
     StartupConfigError,
     check_startup_config,
     exgrpo_config_from_hydra,
+    multi_turn_problems,
     reward_model_problems,
     verl_setting_problems,
 )
@@ -217,3 +218,27 @@ def test_multi_turn_with_function_tools_is_accepted_and_stateful_tools_need_stor
     # a replayed member that keeps its stored reward, or no replay at all (the on-policy baseline): accepted
     assert verl_setting_problems(_config(**stateful, **{"exgrpo.replay_reward": "stored"})) == []
     assert verl_setting_problems(_config(**stateful, **{"exgrpo.enable": False})) == []
+
+
+def test_a_replaying_run_with_tools_needs_the_rollouts_log_probs():
+    """Without ``calculate_log_probs`` the rollout hands over no log-probs, and the check that no tool token carries
+    one (collection's ``inconsistent`` rejection) would be skipped without a word: start-up refuses, naming the
+    key; with it (verl's default) or without tools or replay, nothing is said."""
+    tools = {
+        "actor_rollout_ref.rollout.multi_turn.enable": True,
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path": "tools.py",
+    }
+    off = {"actor_rollout_ref.rollout.calculate_log_probs": False}
+    (problem,) = multi_turn_problems(_config(**tools, **off))
+    assert problem.startswith("actor_rollout_ref.rollout.calculate_log_probs=False in a run whose rollouts call tools")
+    assert "set actor_rollout_ref.rollout.calculate_log_probs=true" in problem
+    with pytest.raises(StartupConfigError, match="calculate_log_probs=true"):
+        check_startup_config(_config(**tools, **off))
+    # the tool file alone makes a run's rollouts call tools (verl loads it whatever multi_turn.enable says)
+    only_file = {"actor_rollout_ref.rollout.multi_turn.function_tool_path": "tools.py", **off}
+    assert len(multi_turn_problems(_config(**only_file))) == 1
+    on = {"actor_rollout_ref.rollout.calculate_log_probs": True}
+    assert multi_turn_problems(_config(**tools, **on)) == [] and check_startup_config(_config(**tools, **on)).enable
+    assert multi_turn_problems(_config(**tools)) == []  # absent: verl's default, true
+    assert multi_turn_problems(_config(**off)) == []  # no tools: every token is the model's
+    assert multi_turn_problems(_config(**tools, **off, **{"exgrpo.enable": False})) == []  # on-policy: no pool

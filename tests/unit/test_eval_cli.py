@@ -223,7 +223,7 @@ def test_a_stopped_evaluation_stops_what_it_started_with_one_line(monkeypatch, c
 
     before = signal.getsignal(signal.SIGHUP)
 
-    def stopped_while_generating(a):
+    def stopped_while_generating(a, configure=None):
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(60)  # the handler ends this at once
         return 0

@@ -247,3 +247,44 @@ def test_default_label_of_a_merged_checkpoint():
     assert label("/ckpt/exgrpo_7b/global_step_700/merged_hf") == "exgrpo_7b/global_step_700"
     assert label("/ckpt/exgrpo_7b/global_step_700/actor/huggingface") == "exgrpo_7b/global_step_700"
     assert label("/models/Qwen2.5-Math-7B") == "Qwen2.5-Math-7B"
+
+
+def test_a_tool_answer_is_not_graded_as_the_models_when_stripped():
+    """A multi-turn response holds the tool's answers; with ``strip_tool_responses`` (the evaluation with tools'
+    default, as the TIR reward's option) a ``\\boxed{}`` the tool printed does not count, the model's own does. The
+    control: without the option the tool's box is graded."""
+    tool_boxed = '<tool_call>{"name": "python"}</tool_call>\n<tool_response>\n\\boxed{42}\n</tool_response>\nno idea'
+    own = tool_boxed.replace("no idea", "so \\boxed{42}")
+    for grading in ("paper", "reward"):
+        stripped = Grader(grading=grading, think_gate=False, strip_tool_responses=True)
+        assert stripped(tool_boxed, "42") == 0.0 and stripped(own, "42") == 1.0
+        assert Grader(grading=grading, think_gate=False)(tool_boxed, "42") == 1.0  # control
+    assert Grader(strip_tool_responses=True).describe()["strip_tool_responses"] is True
+
+
+def test_the_tool_figures_of_a_multi_turn_run():
+    from exgrpo.eval.grading import summarize
+
+    def rec(row, score, calls, errors, turns, unanswered=False):
+        return {
+            "row": row, "sample": 0, "benchmark": "math500", "question_id": f"q{row}", "score": score,
+            "tool_calls": calls, "tool_errors": errors, "num_turns": turns, "unanswered_call": unanswered,
+        }  # fmt: skip
+
+    graded = [rec(0, 1.0, 2, 1, 6), rec(1, 0.0, 1, 0, 4, True), rec(2, 1.0, 0, 0, 2), rec(3, 0.0, 0, 0, 2)]
+    tools = summarize(graded)["math500"].tools
+    assert tools == {
+        "answers": 4.0,
+        "calls_per_answer": 0.75,
+        "answers_with_call": 0.5,
+        "tool_errors": 1.0,
+        "error_share_of_calls": pytest.approx(1 / 3),
+        "turns_per_answer": 3.5,
+        "ended_on_unanswered_call": 0.25,
+        "accuracy_with_call": 50.0,
+        "accuracy_without_call": 50.0,
+    }
+    single_turn = [{k: v for k, v in r.items() if k not in ("tool_calls", "tool_errors", "num_turns")} for r in graded]
+    assert (
+        summarize(single_turn)["math500"].tools is None
+    )  # a single-turn run has none, and its results stay as they were

@@ -1,9 +1,11 @@
 """The Python sandbox (exgrpo/sandbox/runner.py): every protection shown by injecting its violation.
 
 Each fault test has a control that runs the same violation with the protection left out (``sandbox._LEFT_OUT``,
-set by the ``left_out`` fixture) and sees it succeed, so the test's check can fail. Its docstring also says what
-failed when the protection itself was taken out of the code. These run real violations on this machine: safe ones
-(files under /tmp and the checkout, removed afterwards; a loopback connection to the test's own socket; signal 0).
+set by the ``left_out`` fixture of tests/unit/conftest.py) and sees it succeed, so the test's check can fail. Its
+docstring also says what failed when the protection itself was taken out of the code. These run real violations on
+this machine: safe ones (files under /tmp and the checkout, removed afterwards; a loopback connection to the test's
+own socket; signal 0). What an attacker tried that these did not cover (reads, metadata, state beside the process,
+other processes, the cleanup): tests/unit/test_sandbox_leaks.py.
 """
 
 from __future__ import annotations
@@ -20,51 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo.sandbox import SandboxLimits, SandboxResult, isolation_available, run_python
+from exgrpo.sandbox import SandboxLimits, SandboxResult, run_python
 from exgrpo.sandbox import child as _sandbox_child
 from exgrpo.sandbox import runner as sandbox
+from tests.helpers.sandbox import AVAILABLE, needs_isolation, run, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
-_AVAILABLE = isolation_available()
-needs_isolation = pytest.mark.skipif(
-    not (_AVAILABLE["landlock_abi"] and _AVAILABLE["seccomp"]), reason=f"no Landlock or seccomp here: {_AVAILABLE}"
-)
-
-
-def run(code: str, **limits) -> SandboxResult:
-    return run_python(code, SandboxLimits(**limits))
-
-
-@pytest.fixture
-def left_out(monkeypatch):
-    """Leave protection layers out of the next calls (the fault injection of the controls)."""
-
-    def leave_out(*layers: str) -> None:
-        monkeypatch.setattr(sandbox, "_LEFT_OUT", frozenset(layers))
-
-    return leave_out
-
-
-def live_in_group(pgid: int) -> list[int]:
-    """The processes of a process group that are still alive (zombies waiting for a parent do not count)."""
-    live = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                live.append(int(entry))
-    return live
-
-
-def wait_gone(pgid: int, within_s: float = 3.0) -> list[int]:
-    end = time.monotonic() + within_s
-    while (live := live_in_group(pgid)) and time.monotonic() < end:
-        time.sleep(0.05)
-    return live
-
 
 # ---------------------------------------------------------------------------------------------------- the basics
 
@@ -83,8 +46,8 @@ def test_prints_come_back_confined_in_a_private_dir_with_a_minimal_env():
     assert all(env[name] == "1" for name in threads)
     assert not Path(cwd).exists(), "the temp dir outlived the call"
     p = result.protections
-    assert p["landlock_abi"] == _AVAILABLE["landlock_abi"] and p["seccomp"] and p["no_new_privs"]
-    assert p["rlimits"] and p["capabilities_dropped"] and not p["subprocess_allowed"]
+    assert p["landlock_abi"] == AVAILABLE["landlock_abi"] and p["seccomp"] and p["no_new_privs"]
+    assert p["rlimits"] and p["capabilities_dropped"] and p["reads_confined"] and not p["subprocess_allowed"]
 
 
 @needs_isolation
@@ -172,7 +135,9 @@ def test_a_cpu_loop_stops_at_the_cpu_limit_before_the_wall_clock(left_out):
     result = run("while True: pass", cpu_s=1, timeout_s=30.0)
     assert not result.timed_out and time.monotonic() - start < 15.0
     assert result.exit_code == -24 and "CPU time limit of 1 s" in result.error  # SIGXCPU
-    ignored = run("import signal; signal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass", cpu_s=1)
+    ignored = run(
+        "import signal; signal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass", cpu_s=1, timeout_s=30
+    )
     assert ignored.exit_code == -9 and "CPU time limit" in ignored.error  # the hard limit, a second later
     left_out("rlimits")
     assert run("while True: pass", cpu_s=1, timeout_s=1.5).timed_out  # control: only the wall clock stops it
@@ -228,10 +193,11 @@ def test_the_tool_text_keeps_the_head_of_stdout_the_tail_of_stderr_and_the_note(
 
 
 @needs_isolation
-def test_writes_outside_the_temp_dir_fail_and_inside_work(left_out):
+def test_writes_outside_the_temp_dir_fail_and_inside_work(left_out, tmp_path):
     """With ``_landlock`` not applied (the control, and a mutated child file), both files were written and this test
-    failed."""
-    outside = [Path("/tmp") / f"exgrpo-sandbox-probe-{uuid.uuid4().hex}", REPO / f".sandbox-probe-{uuid.uuid4().hex}"]
+    failed. (The checkout, or the test's tmp_path for a caller that may not write there.)"""
+    mine = REPO if os.access(REPO, os.W_OK) else tmp_path
+    outside = [Path("/tmp") / f"exgrpo-sandbox-probe-{uuid.uuid4().hex}", mine / f".sandbox-probe-{uuid.uuid4().hex}"]
     code = (
         "import sys\n"
         "open('inside.txt', 'w').write('kept'); print(open('inside.txt').read())\n"
@@ -279,8 +245,13 @@ def test_a_subprocess_inherits_the_confinement(left_out):
 
 @needs_isolation
 def test_the_temp_dir_is_removed_even_when_the_code_locks_it():
-    """With ``_remove_tree`` taken out, the dirs stayed and this test failed."""
-    code = "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').close()\nos.chmod('a/b', 0)\nos.chmod('a', 0)\n"
+    """With ``_remove_tree`` taken out, the dirs stayed and this test failed. The code cannot chmod (seccomp), so it
+    creates what it locks with the modes it wants: a directory it can fill but not list (0o300), an empty one with
+    no permission at all; a caller that is not root needs to give them back their rights to remove them."""
+    code = (
+        "import os\nos.mkdir('a', 0o300)\nos.makedirs('a/b/c')\nopen('a/b/f', 'w').close()\nos.mkdir('a/b/c/d', 0)\n"
+        "os.mkdir('e', 0)\nos.symlink('/usr', 'a/link')\n"
+    )
     result = run(code + "print(os.getcwd())")
     assert result.exit_code == 0 and not Path(result.stdout.strip()).exists()
     timed = run(code + "print(os.getcwd(), flush=True)\nwhile True: pass", timeout_s=0.5)
@@ -384,7 +355,7 @@ def test_a_fork_bomb_stops_at_the_first_fork(left_out):
 @needs_isolation
 def test_no_signal_leaves_the_sandbox(left_out):
     """Landlock's signal scope (ABI >= 6): with the scope left out of the ruleset, kill(parent, 0) succeeded."""
-    if _AVAILABLE["landlock_abi"] < 6:
+    if AVAILABLE["landlock_abi"] < 6:
         pytest.skip("Landlock ABI < 6 has no signal scope")
     code = (
         f"import os\ntry:\n    os.kill({os.getpid()}, 0); print('SENT')\nexcept PermissionError:\n    print('denied')"

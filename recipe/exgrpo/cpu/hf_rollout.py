@@ -116,6 +116,35 @@ class SamplingKey:
     logprobs: bool
 
 
+def sampling_key(config: Any, max_model_len: int, prompt_len: int, sampling_params: dict[str, Any]) -> SamplingKey:
+    """verl's vLLM server's reading of an agent loop's request (``vllm_async_server.generate``): the new tokens a
+    turn may take, ``min(response_length, prompt_length + response_length - prompt_len)`` unless the request names
+    them, within ``[1, max_model_len - prompt_len]``; the sampling settings, the rollout config's by default.
+    ``config``: the rollout config (``prompt_length``, ``response_length``, ``temperature``, ``top_p``). The hf
+    rollout and the evaluation with tools (``recipe.exgrpo.tool_eval``) read requests through it."""
+    params = dict(sampling_params)
+    max_possible = max_model_len - prompt_len
+    if max_possible < 1:
+        raise ValueError(
+            f"prompt of {prompt_len} tokens leaves no room to generate within max_model_len={max_model_len}"
+        )
+    if "max_tokens" in params:
+        max_tokens = int(params.pop("max_tokens"))
+    elif "max_new_tokens" in params:
+        max_tokens = int(params.pop("max_new_tokens"))
+    else:
+        max_tokens = min(config.response_length, config.prompt_length + config.response_length - prompt_len)
+    max_tokens = max(1, min(max_tokens, max_possible))
+    top_k = int(params.get("top_k", -1) or -1)
+    return SamplingKey(
+        temperature=float(params.get("temperature", config.temperature)),
+        top_p=float(params.get("top_p", config.top_p)),
+        top_k=top_k if top_k > 0 else 0,
+        max_tokens=max_tokens,
+        logprobs=bool(params.get("logprobs", False)),
+    )
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -278,29 +307,7 @@ class HFRolloutServer:
     # ------------------------------------------------------------------ generation
     def sampling_key(self, prompt_len: int, sampling_params: dict[str, Any]) -> SamplingKey:
         """Translate verl's vLLM-style sampling params into one key (same defaults as verl's vLLM server)."""
-        params = dict(sampling_params)
-        max_possible = self.max_model_len - prompt_len
-        if max_possible < 1:
-            raise ValueError(
-                f"prompt of {prompt_len} tokens leaves no room to generate within max_model_len={self.max_model_len}"
-            )
-        if "max_tokens" in params:
-            max_tokens = int(params.pop("max_tokens"))
-        elif "max_new_tokens" in params:
-            max_tokens = int(params.pop("max_new_tokens"))
-        else:
-            max_tokens = min(
-                self.config.response_length, self.config.prompt_length + self.config.response_length - prompt_len
-            )
-        max_tokens = max(1, min(max_tokens, max_possible))
-        top_k = int(params.get("top_k", -1) or -1)
-        return SamplingKey(
-            temperature=float(params.get("temperature", self.config.temperature)),
-            top_p=float(params.get("top_p", self.config.top_p)),
-            top_k=top_k if top_k > 0 else 0,
-            max_tokens=max_tokens,
-            logprobs=bool(params.get("logprobs", False)),
-        )
+        return sampling_key(self.config, self.max_model_len, prompt_len, sampling_params)
 
     async def generate(
         self,

@@ -92,25 +92,33 @@ def reward_health(reward_extra_infos: dict) -> dict[str, float]:
     return out
 
 
-def rows_with_tool_turn(masks: np.ndarray) -> np.ndarray:
-    """Per row of a ``(rows, length)`` response mask: whether the response holds a tool's answer, i.e. a context
-    token (mask 0) before its last model token (mask 1). The padding after the last model token does not count."""
+def rows_with_tool_turn(masks: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row of a ``(rows, width)`` response mask and its responses' ``lengths`` (attended tokens: the model's turns
+    and the tool's answers; the padding after them is not): whether the response holds a tool's answer, i.e. a
+    context token (mask 0) within its length besides its model tokens (mask 1). An exchange cut inside the tool's
+    answer (no model token after it) has one; the padding alone never makes one, and neither does a row without a
+    model token. The mask alone cannot tell a cut tool answer from padding: both are zeros after the last 1."""
     m = np.asarray(masks, dtype=bool)
-    if m.ndim != 2 or m.shape[1] == 0:
-        return np.zeros(len(m), dtype=bool)
-    last = m.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1)  # index of each row's last model token
-    model_up_to_last = np.cumsum(m, axis=1)[np.arange(len(m)), last]
-    return m.any(axis=1) & (model_up_to_last < last + 1)
+    if m.ndim != 2:
+        raise ValueError(f"masks must be (rows, width), got shape {m.shape}")
+    lengths = np.asarray(lengths).reshape(-1)
+    if lengths.shape[0] != m.shape[0]:
+        raise ValueError(f"{lengths.shape[0]} lengths for {m.shape[0]} rows")
+    within = np.arange(m.shape[1])[None, :] < lengths[:, None]
+    return m.any(axis=1) & (~m & within).any(axis=1)
 
 
-def tool_turn_metrics(scores: np.ndarray, masks: np.ndarray, generated: np.ndarray) -> dict[str, float]:
+def tool_turn_metrics(
+    scores: np.ndarray, masks: np.ndarray, generated: np.ndarray, lengths: np.ndarray
+) -> dict[str, float]:
     """How this step's responses used tools: of those generated, the share that got a tool's answer
     (``exgrpo/multi_turn/tool_turn_share``) and the mean reward of those with one and of those without
     (``reward_with_tool_turn``, ``reward_without_tool_turn``; in the binary mode their pass rates), so a run shows
     whether calling pays and whether the policy calls more; of the replayed members, the share that hold a tool turn
-    (``replayed_tool_turn_share``). ``masks``: the rows' response masks (model tokens 1)."""
+    (``replayed_tool_turn_share``). ``masks``: the rows' response masks (model tokens 1); ``lengths``: their
+    responses' lengths (``batch.response_lengths``), which tell a tool answer at the end from the padding."""
     generated = np.asarray(generated, dtype=bool)
-    holds = rows_with_tool_turn(masks)
+    holds = rows_with_tool_turn(masks, lengths)
     out = {}
     if (~generated).any():
         out["exgrpo/multi_turn/replayed_tool_turn_share"] = float(holds[~generated].mean())

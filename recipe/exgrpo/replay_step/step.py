@@ -53,6 +53,7 @@ from recipe.exgrpo.replay_step.batch import (
     mark_fresh,
     mark_replay_groups,
     replayed_row_digests,
+    response_lengths,
     row_records,
     selected_candidate_indices,
 )
@@ -385,7 +386,8 @@ class ReplayStep:
             state.metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, rows)
             if self.ends_in_tool_call is not None:  # a run whose rollouts may call tools
                 generated = ~rows.tensors[IS_REPLAY_KEY].bool().numpy()
-                state.metrics.update(tool_turn_metrics(scores, rows.tensors["response_mask"].numpy(), generated))
+                masks, lengths = rows.tensors["response_mask"].numpy(), response_lengths(rows).numpy()
+                state.metrics.update(tool_turn_metrics(scores, masks, generated, lengths))
             self.experience.observe_rewards(scores, state.step)  # the pass rate, or §13's signal
             self.experience.readd_retired(state.step)
         if self.cfg.trace_rows:
