@@ -29,9 +29,12 @@ __all__ = [
     "MAX_LOG_PROB",
     "TRUNCATED",
     "as_mask",
+    "bool_mask",
     "count_masked",
     "decode",
     "encode",
+    "log_prob_defect",
+    "prepare",
     "trajectory_defect",
 ]
 
@@ -53,6 +56,12 @@ def as_mask(qid: Any, loss_mask: Any, n: int) -> np.ndarray | None:
     model's (None given, or all ones). ValueError naming the question for a wrong shape or values other than 0/1."""
     if loss_mask is None:
         return None
+    m = bool_mask(qid, loss_mask, n)
+    return None if bool(m.all()) else m
+
+
+def bool_mask(qid: Any, loss_mask: Any, n: int) -> np.ndarray:
+    """``loss_mask`` (not None) as a bool array of ``n``, checked as :func:`as_mask` does (all ones included)."""
     m = np.asarray(loss_mask)
     if m.shape != (n,):
         raise ValueError(f"question {qid!r}: the loss mask has shape {m.shape}, the response {n} tokens")
@@ -60,7 +69,7 @@ def as_mask(qid: Any, loss_mask: Any, n: int) -> np.ndarray | None:
         if m.dtype.kind not in "iuf" or not np.isin(m, (0, 1)).all():
             raise ValueError(f"question {qid!r}: the loss mask must hold 0 and 1 only (1 = a token the model made)")
         m = m.astype(np.bool_)
-    return None if bool(m.all()) else m
+    return m
 
 
 def trajectory_defect(log_probs: np.ndarray, mask: np.ndarray | None) -> tuple[str, str] | None:
@@ -73,15 +82,53 @@ def trajectory_defect(log_probs: np.ndarray, mask: np.ndarray | None) -> tuple[s
     """
     if mask is not None:
         if not mask.any():
-            return INCONSISTENT, "no token of the trajectory is the model's"
+            return INCONSISTENT, _NO_MODEL_TOKEN
         if not mask[-1]:
-            return TRUNCATED, "it ends on a token that is not the model's (cut in a tool response)"
-    model = log_probs if mask is None else log_probs[mask]
+            return TRUNCATED, _ENDS_MASKED
+    return log_prob_defect(log_probs if mask is None else log_probs[mask])
+
+
+_NO_MODEL_TOKEN = "no token of the trajectory is the model's"
+_ENDS_MASKED = "it ends on a token that is not the model's (cut in a tool response)"
+_max, _min = np.maximum.reduce, np.minimum.reduce
+
+
+def log_prob_defect(model: np.ndarray) -> tuple[str, str] | None:
+    """:data:`INCONSISTENT` with its reason when one of the model tokens' log-probs ``model`` is not a finite value
+    <= :data:`MAX_LOG_PROB`, else None (:func:`trajectory_defect` without the mask's own checks).
+
+    Two reductions decide the common case, a valid trajectory: the maximum is NaN when any value is (NaN propagates)
+    and exceeds the bound for +inf or any value above it, the minimum is -inf when any value is; only a trajectory
+    that fails them is looked at token by token (for the count and the example in the reason).
+    """
+    if not model.size or (_max(model, axis=None) <= MAX_LOG_PROB and _min(model, axis=None) > -np.inf):
+        return None
     bad = ~(np.isfinite(model) & (model <= MAX_LOG_PROB))
     if bad.any():
         value = float(model[np.flatnonzero(bad)[0]])
         return INCONSISTENT, f"{int(bad.sum())} of its model tokens have no valid behaviour log-prob (e.g. {value})"
     return None
+
+
+def prepare(qid: Any, loss_mask: Any, log_probs: np.ndarray) -> tuple[np.ndarray, int, tuple[str, str] | None]:
+    """One member's log-probs as the pool stores them (float32 ``log_probs`` of a 1-D response): (the stored
+    log-probs, :func:`encode`'s; the count of masked tokens; :func:`trajectory_defect`'s finding), with
+    :func:`as_mask`'s checks and errors. The same as those three functions in a row, with fewer passes over the
+    mask (one count of its ones says whether it is all ones, has none, and how many tokens it masks)."""
+    if loss_mask is None:
+        return log_probs, 0, log_prob_defect(log_probs)
+    n = log_probs.shape[0]
+    mask = bool_mask(qid, loss_mask, n)
+    model = int(np.count_nonzero(mask))
+    if model == n:  # all ones: no mask (as_mask gives None)
+        return log_probs, 0, log_prob_defect(log_probs)
+    if model == 0:
+        defect: tuple[str, str] | None = (INCONSISTENT, _NO_MODEL_TOKEN)
+    elif not mask[-1]:
+        defect = (TRUNCATED, _ENDS_MASKED)
+    else:
+        defect = log_prob_defect(log_probs[mask])
+    return encode(log_probs, mask), n - model, defect
 
 
 def encode(log_probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

@@ -174,10 +174,12 @@ def as_member_arrays(
     return arrays.token_ids, arrays.stored_log_probs
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MemberArrays:
     """A member as the pool stores it: ``token_ids`` (int32), ``stored_log_probs`` (float32, NaN on masked tokens),
-    ``masked`` (their count) and ``defect`` (a pair (kind, reason) when the arrays must not be stored)."""
+    ``masked`` (their count) and ``defect`` (a pair (kind, reason) when the arrays must not be stored). Not frozen:
+    one is built per member of every collect call, and a frozen dataclass's constructor costs three times as much;
+    nothing changes one after it is built."""
 
     token_ids: np.ndarray
     stored_log_probs: np.ndarray
@@ -206,7 +208,5 @@ def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, los
         ids = ids.astype(np.int32)
     if lps.dtype != np.float32:
         lps = lps.astype(np.float32)
-    mask = masks.as_mask(qid, loss_mask, ids.shape[0])
-    defect = masks.trajectory_defect(lps, mask)
-    masked = 0 if mask is None else int(mask.shape[0] - np.count_nonzero(mask))
-    return MemberArrays(ids, masks.encode(lps, mask), masked, defect)
+    stored, masked, defect = masks.prepare(qid, loss_mask, lps)
+    return MemberArrays(ids, stored, masked, defect)
