@@ -28,7 +28,15 @@ import numpy as np
 from exgrpo.experience import masks
 from exgrpo.experience.buckets import BucketIndex
 from exgrpo.experience.entries import EntryBatch, EntryTable
-from exgrpo.experience.records import CollectStats, Group, GroupMember, MemberArrays, QuestionId, member_arrays
+from exgrpo.experience.records import (
+    CollectStats,
+    Group,
+    GroupMember,
+    MemberArrays,
+    QuestionId,
+    member_arrays,
+    member_arrays_many,
+)
 from exgrpo.experience.storage import TokenStorage
 from exgrpo.modes.base import GroupPlan, RewardMode
 from exgrpo.modes.binary import BinaryMode
@@ -244,7 +252,15 @@ class CollectionRules:
 
     # ------------------------------------------------------------------ collection
     def collect(self, step: int, groups: Iterable[Group], *, mixed: bool = True) -> CollectStats:
-        """Apply the collection rules to this step's groups; see :meth:`ExperiencePool.collect`."""
+        """Apply the collection rules to this step's groups; see :meth:`ExperiencePool.collect`.
+
+        In three passes, with the result of applying each group in turn: (1) every group's plan, asked of the mode
+        in order (a question an earlier group of the call retires is ignored from then on, as it would be once
+        retired); (2) the log-probs and masks of every member a plan stores, checked in one vectorised pass
+        (:func:`~exgrpo.experience.masks.prepare_many`; it changes nothing and raises nothing); (3) the plans
+        applied in order. A group that stops the planning (a malformed one) has the groups before it applied
+        before its error is raised, as when one pass did everything.
+        """
         groups = list(groups)
         stats = CollectStats(step=step, groups=len(groups), mode=self.mode, mode_stats=self.mode.new_stats())
         planner = self.mode.planner(
@@ -254,28 +270,75 @@ class CollectionRules:
         self.last_step = step
         retire_only = self.collect_from == "mixed" and not mixed
         stats.skipped = retire_only
+        plans: list[GroupPlan | None] = []  # None: the group of a retired question (nothing done)
+        failure: Exception | None = None
+        retiring: set[QuestionId] = set()  # retired by a plan of this call
+        try:
+            for i, g in enumerate(groups):
+                if g.question_id in self.retired or g.question_id in retiring:
+                    self._check_size(g)
+                    plans.append(None)
+                    continue
+                self._check_size(g)
+                plan = planner(i, g)
+                if plan.retire:
+                    retiring.add(g.question_id)
+                plans.append(plan)
+        except Exception as e:  # the groups planned so far are applied first
+            failure = e
+        prepared = self._prepare_members(groups, plans, retire_only)
         batch = EntryBatch()
         pending: set[QuestionId] = set()  # questions with entries in ``batch``
         try:
-            for i, g in enumerate(groups):
-                if g.question_id in self.retired:
-                    self._check_size(g)
+            for i, plan in enumerate(plans):
+                g = groups[i]
+                if plan is None:
                     stats.ignored_retired += 1
                     continue
                 if g.question_id in pending:  # the same question twice in one call: its first entries first
                     self.store(batch)
                     pending.clear()
-                self._check_size(g)
-                if self._collect_group(g, planner(i, g), step, retire_only, stats, batch):
+                if self._collect_group(g, plan, step, retire_only, stats, batch, prepared.get(i)):
                     pending.add(g.question_id)
         finally:  # also when a later group is malformed: what was decided is stored, the pool stays consistent
             self.store(batch)
+        if failure is not None:
+            raise failure
         if self.max_total_tokens is not None and self.table.total_tokens > self.max_total_tokens:
             n, t = self.evict_oldest_until(self.max_total_tokens)
             stats.evicted_entries += n
             stats.evicted_tokens += t
         self.counters["evicted"] += stats.evicted_entries
         return stats
+
+    def _stores(self, plan: GroupPlan, retire_only: bool) -> bool:
+        """Whether applying ``plan`` stages its members (:meth:`_collect_group`'s way to :meth:`_admit`)."""
+        return (
+            not plan.retire and not retire_only and plan.bucket is not None and self.lbound < plan.bucket <= self.rbound
+        )
+
+    def _prepare_members(
+        self, groups: Sequence[Group], plans: Sequence[GroupPlan | None], retire_only: bool
+    ) -> dict[int, list[MemberArrays | None]]:
+        """Per group index, per member its plan stores (in the plan's order): its arrays as ``member_arrays`` gives
+        them, all checked in one pass (``member_arrays_many``), or None for a member whose arrays raise an error
+        (the third pass raises it where applying the groups one by one would). Empty when anything else is amiss
+        (e.g. a plan naming a member its group lacks): the third pass then meets it in its place."""
+        where: list[int] = []  # the group index of each member in ``todo``
+        todo: list[tuple[QuestionId, GroupMember]] = []
+        try:
+            for i, plan in enumerate(plans):
+                if plan is not None and self._stores(plan, retire_only):
+                    members, qid = groups[i].members, groups[i].question_id
+                    for index in plan.members:
+                        todo.append((qid, members[index]))
+                        where.append(i)
+        except Exception:
+            return {}
+        out: dict[int, list[MemberArrays | None]] = {}
+        for i, arrays in zip(where, member_arrays_many(todo), strict=True):
+            out.setdefault(i, []).append(arrays)
+        return out
 
     def _check_size(self, g: Group) -> None:
         if len(g.members) != self.k:
@@ -285,9 +348,17 @@ class CollectionRules:
             )
 
     def _collect_group(
-        self, g: Group, plan: GroupPlan, step: int, retire_only: bool, stats: CollectStats, batch: EntryBatch
+        self,
+        g: Group,
+        plan: GroupPlan,
+        step: int,
+        retire_only: bool,
+        stats: CollectStats,
+        batch: EntryBatch,
+        prepared: Sequence[Any] | None = None,
     ) -> bool:
-        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``."""
+        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``. ``prepared``: per
+        member the plan stores, its arrays (:meth:`_prepare_members`) or None."""
         qid = g.question_id
         if plan.retire:
             self.retire(qid, step)
@@ -305,7 +376,7 @@ class CollectionRules:
         if not self.lbound < plan.bucket <= self.rbound:
             stats.out_of_range += 1
             return False
-        return self._admit(qid, [g.members[i] for i in plan.members], plan.bucket, step, stats, batch)
+        return self._admit(qid, [g.members[i] for i in plan.members], plan.bucket, step, stats, batch, prepared)
 
     def _admit(
         self,
@@ -315,10 +386,11 @@ class CollectionRules:
         step: int,
         stats: CollectStats,
         batch: EntryBatch,
+        prepared: Sequence[Any] | None = None,
     ) -> bool:
         """Stage the new ``fresh`` members (dedup), apply the per-question cap and set the question's bucket; True
         when entries went into ``batch``."""
-        new = self._stage(qid, fresh, step, stats)
+        new = self._stage(qid, fresh, step, stats, prepared)
         stored = len(self.table.slots_of(qid))
         cap = self.max_entries_per_question
         if cap is not None and stored + len(new) > cap:  # evict the oldest: stored ones first, then new ones
@@ -340,13 +412,22 @@ class CollectionRules:
         return bool(new)
 
     def _stage(
-        self, qid: QuestionId, members: Sequence[GroupMember], step: int, stats: CollectStats
+        self,
+        qid: QuestionId,
+        members: Sequence[GroupMember],
+        step: int,
+        stats: CollectStats,
+        prepared: Sequence[Any] | None = None,
     ) -> list[tuple[int, int, np.ndarray, np.ndarray, float, int, int]]:
         """The members to add as EntryBatch rows: checked (a member whose loss mask and log-probs disagree, or whose
-        exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order."""
+        exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order.
+        ``prepared``: per member, its arrays as ``member_arrays`` gives them (checked with the call's others) or
+        None."""
         arrays, fit = [], []
-        for m in members:
-            a = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
+        for j, m in enumerate(members):
+            a = None if prepared is None else prepared[j]
+            if a is None:
+                a = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
             defect = m.defect() if callable(m.defect) else m.defect
             if defect is None and a.defect is not None:
                 defect = a.defect[0]

@@ -31,6 +31,7 @@ __all__ = [
     "as_member_arrays",
     "is_success",
     "member_arrays",
+    "member_arrays_many",
 ]
 
 #: why a member is not stored (``GroupMember.defect``, ``exgrpo.experience.masks``): ``inconsistent`` (its loss mask
@@ -190,6 +191,35 @@ class MemberArrays:
 def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, loss_mask: Any = None) -> MemberArrays:
     """Check and convert a member's arrays (ValueError naming the question for a shape or dtype that does not fit;
     a mask that disagrees with the log-probs is a ``defect``, counted and not stored, never an error)."""
+    ids, lps = _converted(qid, token_ids, behaviour_log_probs)
+    stored, masked, defect = masks.prepare(qid, loss_mask, lps)
+    return MemberArrays(ids, stored, masked, defect)
+
+
+def member_arrays_many(members: Sequence[tuple[QuestionId, Any]]) -> list[MemberArrays | None]:
+    """:func:`member_arrays` of many ``(question id, GroupMember)`` pairs, with the log-probs and masks of all of
+    them checked and encoded together (:func:`~exgrpo.experience.masks.prepare_many`: a constant number of numpy
+    calls instead of a few per member). None for a member whose arrays raise an error: nothing is raised here, the
+    caller calls :func:`member_arrays` for that member where its error belongs."""
+    kept: list[int] = []
+    converted: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+    for k, (qid, m) in enumerate(members):
+        try:
+            ids, lps = _converted(qid, m.token_ids, m.behaviour_log_probs)
+            mask = None if m.loss_mask is None else masks.bool_mask(qid, m.loss_mask, ids.shape[0])
+        except Exception:  # raised again by member_arrays, in its place
+            continue
+        kept.append(k)
+        converted.append((ids, lps, mask))
+    found = masks.prepare_many([c[1] for c in converted], [c[2] for c in converted])
+    out: list[MemberArrays | None] = [None] * len(members)
+    for k, (ids, _, _), (stored, masked, defect) in zip(kept, converted, found, strict=True):
+        out[k] = MemberArrays(ids, stored, masked, defect)
+    return out
+
+
+def _converted(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A member's (token ids as int32, behaviour log-probs as float32), checked (ValueError naming the question)."""
     ids = np.asarray(token_ids)
     lps = np.asarray(behaviour_log_probs)
     if ids.ndim != 1 or ids.shape[0] == 0 or ids.dtype.kind not in "iu":
@@ -208,5 +238,4 @@ def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, los
         ids = ids.astype(np.int32)
     if lps.dtype != np.float32:
         lps = lps.astype(np.float32)
-    stored, masked, defect = masks.prepare(qid, loss_mask, lps)
-    return MemberArrays(ids, stored, masked, defect)
+    return ids, lps

@@ -1,18 +1,29 @@
-"""A member's checks against their per-member definitions as they were before they were made cheaper.
+"""A collect call's member checks against their per-member definitions as they were before they were made cheaper.
 
-``masks.log_prob_defect`` decides a valid trajectory with two reductions (the maximum and the minimum) and
-``masks.prepare`` counts a mask's ones once; the definitions they replace are copied below as they were
-(``as_mask``, ``trajectory_defect``, ``encode``). On random inputs, with every kind of defect (NaN, +-inf, log-probs
-above the bound and at it, masks of no model token, masks that end on a tool token, all-ones masks), the results must
-be the same bit for bit: stored log-probs, masked counts, defects and their reasons.
+``masks.log_prob_defect`` decides a valid trajectory with two reductions (the maximum and the minimum),
+``masks.prepare`` counts a mask's ones once, and a collect call checks the log-probs and masks of all the members it
+stores at once (``masks.prepare_many`` / ``records.member_arrays_many``: a constant number of numpy calls) in a
+pass between planning its groups and applying the plans. The definitions they replace are copied below as they were
+(``as_mask``, ``trajectory_defect``, ``encode``, and the one-pass ``CollectionRules.collect``). On random inputs,
+with every kind of defect (NaN, +-inf, log-probs above the bound and at it, masks of no model token, masks that end
+on a tool token, all-ones masks), malformed members and groups, duplicates, repeated and retired questions and the
+caps, the results must be the same bit for bit: stored log-probs, masked counts, defects and their reasons, errors,
+and the pool and the call's metrics after each call.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
-from exgrpo.experience import masks
+from exgrpo.experience import ExperiencePool, Group, GroupMember, masks
+from exgrpo.experience.collection import CollectionRules
+from exgrpo.experience.entries import EntryBatch
+from exgrpo.experience.records import CollectStats, member_arrays, member_arrays_many
+
+K = 4
 
 
 # ------------------------------------------------------------------ the per-member definitions, as they were
@@ -117,7 +128,7 @@ def assert_same(found, expected):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_prepare_matches_the_per_member_definition(seed):
+def test_prepare_and_prepare_many_match_the_per_member_definition(seed):
     rng = np.random.default_rng(seed)
     lps, mks = [], []
     for _ in range(200):
@@ -128,6 +139,19 @@ def test_prepare_matches_the_per_member_definition(seed):
     for a, m, e in zip(lps, mks, expected, strict=True):
         assert_same(masks.prepare("q", m, a), e)
         assert masks.trajectory_defect(a, masks.as_mask("q", m, a.shape[0])) == e[2]
+    # all at once, and in the mixes a collect call sees: only plain members, only masked ones, a few of each
+    subsets = [
+        range(len(lps)),
+        [i for i, m in enumerate(mks) if m is None],
+        [i for i, m in enumerate(mks) if m is not None],
+    ]
+    subsets += [sorted(rng.choice(len(lps), int(rng.integers(1, 6)), replace=False).tolist()) for _ in range(20)]
+    for subset in subsets:
+        found = masks.prepare_many([lps[i] for i in subset], [mks[i] for i in subset])
+        assert len(found) == len(subset)
+        for f, i in zip(found, subset, strict=True):
+            assert_same(f, expected[i])
+    assert masks.prepare_many([], []) == []
 
 
 def test_the_two_reductions_decide_like_the_token_by_token_check():
@@ -139,7 +163,7 @@ def test_the_two_reductions_decide_like_the_token_by_token_check():
         wide = a.astype(np.float64)  # another dtype: the same answers
         assert masks.log_prob_defect(wide) == ref_trajectory_defect(wide, None)
     empty = np.zeros(0, dtype=np.float32)
-    assert masks.log_prob_defect(empty) is None
+    assert masks.log_prob_defect(empty) is None and masks.prepare_many([empty], [None])[0][2] is None
 
 
 def test_prepare_converts_and_refuses_masks_as_before():
@@ -152,3 +176,143 @@ def test_prepare_converts_and_refuses_masks_as_before():
         with pytest.raises(ValueError) as found:
             masks.prepare("q", bad, lps)
         assert str(found.value) == str(expected.value)
+
+
+def member(rng, qid_ok=True):
+    """A random GroupMember, now and then with arrays ``member_arrays`` refuses (an error) or converts."""
+    n = int(rng.integers(1, 30))
+    ids = rng.integers(0, 60, n)
+    lps = random_log_probs(rng, n)
+    mask = random_mask(rng, n)
+    kind = rng.integers(0, 10)
+    if kind == 0:
+        ids = ids.astype(np.int64)  # converted to int32
+    elif kind == 1:
+        lps = lps.astype(np.float64)  # converted to float32
+    elif kind == 2 and not qid_ok:
+        lps = lps[:-1] if n > 1 else np.zeros((1, 1), np.float32)  # refused: one log-prob per token
+    elif kind == 3 and not qid_ok:
+        mask = np.ones(n + 1, dtype=np.bool_)  # refused: the mask's shape
+    elif kind == 4:
+        mask = None if mask is None else mask.astype(np.int64)  # 0/1 integers: converted
+    else:
+        ids = ids.astype(np.int32)
+    return GroupMember(ids, lps, 1.0, loss_mask=mask)
+
+
+def test_member_arrays_many_matches_member_arrays_and_leaves_errors_to_it():
+    rng = np.random.default_rng(11)
+    todo = [(f"q{i % 5}", member(rng, qid_ok=False)) for i in range(400)]
+    found = member_arrays_many(todo)
+    errors = 0
+    for (qid, m), f in zip(todo, found, strict=True):
+        try:
+            expected = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
+        except ValueError:
+            assert f is None
+            errors += 1
+            continue
+        assert f is not None and f.token_ids.dtype == np.int32
+        assert f.token_ids.tobytes() == expected.token_ids.tobytes()
+        assert_same(
+            (f.stored_log_probs, f.masked, f.defect), (expected.stored_log_probs, expected.masked, expected.defect)
+        )
+    assert errors > 10
+
+
+# ------------------------------------------------------------------ whole collect calls, both ways
+def pool_digest(pool: ExperiencePool) -> str:
+    h = hashlib.sha256()
+    h.update(repr(sorted(pool.stats().items())).encode())
+    h.update(repr([list(pool.buckets.members(b)) for b in range(K)]).encode())
+    h.update(repr((list(pool.retired), pool.counters, pool.table.next_entry_id, pool.table.total_masked)).encode())
+    for q in pool.question_ids():
+        for c in pool.entries(q, copy=False):
+            h.update(f"{q}:{c.entry_id}:{c.reward}:{c.step}".encode())
+            h.update(c.token_ids.tobytes() + c.behaviour_log_probs.tobytes() + c.mask.tobytes())
+    return h.hexdigest()
+
+
+def random_call(rng, step, questions):
+    groups = []
+    for _ in range(int(rng.integers(1, 9))):
+        qid = f"q{int(rng.integers(0, questions))}"  # repeats: the same question twice in a call, retired ones
+        members = []
+        for _ in range(K):
+            if rng.random() < 0.3 and members:
+                m = members[int(rng.integers(0, len(members)))]  # the same member again: a duplicate
+            else:
+                m = member(rng, qid_ok=rng.random() < 0.97)
+                m.token_ids = np.asarray(m.token_ids)[: int(rng.integers(1, 4))] if rng.random() < 0.3 else m.token_ids
+                m.behaviour_log_probs = np.asarray(m.behaviour_log_probs)[: np.asarray(m.token_ids).shape[0]]
+                if m.loss_mask is not None:
+                    m.loss_mask = np.asarray(m.loss_mask)[: np.asarray(m.token_ids).shape[0]]
+                m.reward = float(rng.random() < 0.6)
+                if rng.random() < 0.1:
+                    m.defect = str(rng.choice(masks.DEFECTS))
+            members.append(m)
+        if rng.random() < 0.05:
+            members = members[:-1]  # a malformed group: the call stops there
+        groups.append(Group(qid, members))
+    return groups
+
+
+def one_pass_collect(self, step, groups, *, mixed=True):
+    """``CollectionRules.collect`` as it was: one pass, each group planned, checked member by member and applied in
+    turn."""
+    groups = list(groups)
+    stats = CollectStats(step=step, groups=len(groups), mode=self.mode, mode_stats=self.mode.new_stats())
+    planner = self.mode.planner(
+        groups, self.k, count_replayed=self.count_replayed_in_k, stats=stats, check_size=self._check_size
+    )
+    self.counters["collect_calls"] += 1
+    self.last_step = step
+    retire_only = self.collect_from == "mixed" and not mixed
+    stats.skipped = retire_only
+    batch = EntryBatch()
+    pending = set()
+    try:
+        for i, g in enumerate(groups):
+            if g.question_id in self.retired:
+                self._check_size(g)
+                stats.ignored_retired += 1
+                continue
+            if g.question_id in pending:
+                self.store(batch)
+                pending.clear()
+            self._check_size(g)
+            if self._collect_group(g, planner(i, g), step, retire_only, stats, batch):
+                pending.add(g.question_id)
+    finally:
+        self.store(batch)
+    if self.max_total_tokens is not None and self.table.total_tokens > self.max_total_tokens:
+        n, t = self.evict_oldest_until(self.max_total_tokens)
+        stats.evicted_entries += n
+        stats.evicted_tokens += t
+    self.counters["evicted"] += stats.evicted_entries
+    return stats
+
+
+@pytest.mark.parametrize("layout", ["arena", "per_entry"])
+@pytest.mark.parametrize("seed", range(4))
+def test_collect_ends_as_the_one_pass_collect_with_its_member_by_member_checks(monkeypatch, layout, seed):
+    def run(one_pass: bool):
+        with monkeypatch.context() as patch:
+            if one_pass:
+                patch.setattr(CollectionRules, "collect", one_pass_collect)
+            rng = np.random.default_rng(seed)
+            pool = ExperiencePool(K, storage=layout, chunk_tokens=64, max_entries_per_question=3, max_total_tokens=400)
+            outcomes = []
+            for step in range(1, 40):
+                try:
+                    stats = pool.collect(step, random_call(rng, step, questions=12))
+                    outcomes.append(sorted(stats.as_metrics().items()))
+                except ValueError as e:
+                    outcomes.append(str(e))
+                outcomes.append(pool_digest(pool))
+            return outcomes
+
+    before, now = run(True), run(False)
+    assert any(isinstance(o, str) and "members" in o for o in before)  # malformed groups stopped some calls
+    assert any(isinstance(o, list) and dict(o)["collect/rejected_inconsistent"] for o in before)
+    assert now == before
