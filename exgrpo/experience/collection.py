@@ -286,10 +286,10 @@ class CollectionRules:
                 plans.append(plan)
         except Exception as e:  # the groups planned so far are applied first
             failure = e
-        prepared = self._prepare_members(groups, plans, retire_only)
         batch = EntryBatch()
         pending: set[QuestionId] = set()  # questions with entries in ``batch``
         try:
+            prepared = self._prepare_members(groups, plans, retire_only)
             for i, plan in enumerate(plans):
                 g = groups[i]
                 if plan is None:
@@ -301,7 +301,10 @@ class CollectionRules:
                 if self._collect_group(g, plan, step, retire_only, stats, batch, prepared.get(i)):
                     pending.add(g.question_id)
         finally:  # also when a later group is malformed: what was decided is stored, the pool stays consistent
-            self.store(batch)
+            try:
+                self.store(batch)
+            finally:
+                self.tokens.unstage()
         if failure is not None:
             raise failure
         if self.max_total_tokens is not None and self.table.total_tokens > self.max_total_tokens:
@@ -336,7 +339,7 @@ class CollectionRules:
         except Exception:
             return {}
         out: dict[int, list[MemberArrays | None]] = {}
-        for i, arrays in zip(where, member_arrays_many(todo), strict=True):
+        for i, arrays in zip(where, member_arrays_many(todo, stage=self.tokens.stage), strict=True):
             out.setdefault(i, []).append(arrays)
         return out
 

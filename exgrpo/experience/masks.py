@@ -17,7 +17,7 @@ same bytes), a mask costs no byte, and the conversion happens at the pool's boun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,7 +133,10 @@ def prepare(qid: Any, loss_mask: Any, log_probs: np.ndarray) -> tuple[np.ndarray
 
 
 def prepare_many(
-    log_probs: Sequence[np.ndarray], loss_masks: Sequence[np.ndarray | None]
+    log_probs: Sequence[np.ndarray],
+    loss_masks: Sequence[np.ndarray | None],
+    *,
+    stage: Callable[[list[np.ndarray]], np.ndarray | None] | None = None,
 ) -> list[tuple[np.ndarray, int, tuple[str, str] | None]]:
     """:func:`prepare` of many members at once: per member the same (stored log-probs, masked count, defect), from a
     constant number of numpy calls for all of them instead of a few per member (what checking a collect call's
@@ -143,20 +146,20 @@ def prepare_many(
     for it (the caller has converted and checked them, as :func:`prepare`'s caller does). The stored log-probs are
     the member's own array where :func:`prepare` gives it (no mask, or all ones), else a view into one new array
     that holds the encoded log-probs of all the masked members.
+
+    ``stage``: a token storage's :meth:`~exgrpo.experience.storage.TokenStorage.stage`, given the stored log-probs
+    of the non-empty members in order; the checks then read them where it wrote them (instead of a copy of their
+    own), and a store that finds them there in place does not copy them again.
     """
     out: list[Any] = [None] * len(log_probs)
-    plain: list[int] = []
+    stored = list(log_probs)  # per member what is stored: its own array, or (below) its encoded log-probs
+    plain: list[int] = []  # the members whose bounds are checked on the stored log-probs (no mask, all ones)
     masked: list[int] = []
     for i, (a, x) in enumerate(zip(log_probs, loss_masks, strict=True)):
         if not a.shape[0]:
             out[i] = (a, 0, None)  # prepare's answer for no token (a segment of reduceat is never empty)
         else:
             (plain if x is None else masked).append(i)
-    if plain:
-        arrays = log_probs if len(plain) == len(log_probs) else [log_probs[i] for i in plain]
-        valid, _, _ = _within_bounds(arrays, np.concatenate(arrays))
-        for i, a, ok in zip(plain, arrays, valid, strict=True):
-            out[i] = (a, 0, None if ok else log_prob_defect(a))
     if masked:
         arrays = [log_probs[i] for i in masked]
         given = [loss_masks[i] for i in masked]
@@ -178,7 +181,23 @@ def prepare_many(
                 defect = (TRUNCATED, _ENDS_MASKED)
             else:
                 defect = None if valid[k] else log_prob_defect(a[m])  # type: ignore[index]
-            out[i] = (values[start:end], n - model, defect)
+            stored[i] = values[start:end]
+            out[i] = (stored[i], n - model, defect)
+    if not plain and not masked:
+        return out
+    members = plain if not masked else sorted(plain + masked)
+    arrays = [stored[i] for i in members]
+    staged = None if stage is None else stage(arrays)
+    if plain:
+        if staged is not None:  # every member's stored log-probs, where the storage put them
+            valid_of = dict(zip(members, _within_bounds(arrays, staged)[0], strict=True))
+            valid = [valid_of[i] for i in plain]
+        else:
+            own = arrays if not masked else [log_probs[i] for i in plain]
+            valid = _within_bounds(own, np.concatenate(own))[0]
+        for i, ok in zip(plain, valid, strict=True):
+            a = log_probs[i]
+            out[i] = (a, 0, None if ok else log_prob_defect(a))
     return out
 
 

@@ -196,11 +196,13 @@ def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, los
     return MemberArrays(ids, stored, masked, defect)
 
 
-def member_arrays_many(members: Sequence[tuple[QuestionId, Any]]) -> list[MemberArrays | None]:
+def member_arrays_many(
+    members: Sequence[tuple[QuestionId, Any]], *, stage: Callable[[list[np.ndarray]], np.ndarray | None] | None = None
+) -> list[MemberArrays | None]:
     """:func:`member_arrays` of many ``(question id, GroupMember)`` pairs, with the log-probs and masks of all of
     them checked and encoded together (:func:`~exgrpo.experience.masks.prepare_many`: a constant number of numpy
-    calls instead of a few per member). None for a member whose arrays raise an error: nothing is raised here, the
-    caller calls :func:`member_arrays` for that member where its error belongs."""
+    calls instead of a few per member; ``stage`` as there). None for a member whose arrays raise an error: nothing
+    is raised here, the caller calls :func:`member_arrays` for that member where its error belongs."""
     kept: list[int] = []
     converted: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
     for k, (qid, m) in enumerate(members):
@@ -211,7 +213,7 @@ def member_arrays_many(members: Sequence[tuple[QuestionId, Any]]) -> list[Member
             continue
         kept.append(k)
         converted.append((ids, lps, mask))
-    found = masks.prepare_many([c[1] for c in converted], [c[2] for c in converted])
+    found = masks.prepare_many([c[1] for c in converted], [c[2] for c in converted], stage=stage)
     out: list[MemberArrays | None] = [None] * len(members)
     for k, (ids, _, _), (stored, masked, defect) in zip(kept, converted, found, strict=True):
         out[k] = MemberArrays(ids, stored, masked, defect)

@@ -114,6 +114,23 @@ class TokenStorage(abc.ABC):
     def load_batch(self, slots: np.ndarray, lengths: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> None:
         """Store the concatenated tokens of entries ``slots`` (``lengths`` each), copied out of ``ids`` / ``lps``."""
 
+    # ------------------------------------------------------------------ staging (optional)
+    def stage(self, log_probs: Sequence[np.ndarray]) -> np.ndarray | None:
+        """Write the log-probs of the entries that the next ``put_many`` calls are expected to store (non-empty
+        arrays, in the order they will come) where those calls would put them, and return them there, concatenated
+        (a view for the caller to read before the storage changes); None where the layout cannot (the default).
+
+        Nothing observable changes: the place is free space. ``put_many`` skips the copy of log-probs it finds
+        staged in place (the same arrays, in the same order, where it puts them) and copies everything else as
+        always; :meth:`unstage` ends the staging. A collect call stages its members to store so that it checks
+        their log-probs where it has just written them (``exgrpo.experience.masks.prepare_many``) instead of
+        reading them twice."""
+        return None
+
+    def unstage(self) -> None:
+        """Forget what :meth:`stage` wrote."""
+        return None
+
     # ------------------------------------------------------------------ shared
     def put(self, slot: int, ids: np.ndarray, lps: np.ndarray) -> None:
         self.put_many([slot], [ids], [lps], np.array([ids.shape[0]], dtype=np.int64))

@@ -146,11 +146,21 @@ def test_prepare_and_prepare_many_match_the_per_member_definition(seed):
         [i for i, m in enumerate(mks) if m is not None],
     ]
     subsets += [sorted(rng.choice(len(lps), int(rng.integers(1, 6)), replace=False).tolist()) for _ in range(20)]
+    staged = []
+
+    def stage(arrays):  # a storage that stages: the checks read its copy
+        staged.append(arrays)
+        return np.concatenate(arrays)
+
     for subset in subsets:
-        found = masks.prepare_many([lps[i] for i in subset], [mks[i] for i in subset])
-        assert len(found) == len(subset)
-        for f, i in zip(found, subset, strict=True):
-            assert_same(f, expected[i])
+        for how in (None, stage, lambda arrays: None):
+            staged.clear()
+            found = masks.prepare_many([lps[i] for i in subset], [mks[i] for i in subset], stage=how)
+            assert len(found) == len(subset)
+            for f, i in zip(found, subset, strict=True):
+                assert_same(f, expected[i])
+            if how is stage:  # given what is stored, in order
+                assert len(staged) == 1 and all(a is f[0] for a, f in zip(staged[0], found, strict=True))
     assert masks.prepare_many([], []) == []
 
 
@@ -293,15 +303,18 @@ def one_pass_collect(self, step, groups, *, mixed=True):
     return stats
 
 
-@pytest.mark.parametrize("layout", ["arena", "per_entry"])
+# arena chunks of 64 tokens: a call's members rarely fit the open chunk's tail; of 4096: they are staged there
+@pytest.mark.parametrize("layout,chunk_tokens", [("arena", 64), ("arena", 4096), ("per_entry", 64)])
 @pytest.mark.parametrize("seed", range(4))
-def test_collect_ends_as_the_one_pass_collect_with_its_member_by_member_checks(monkeypatch, layout, seed):
+def test_collect_ends_as_the_one_pass_collect_with_its_member_by_member_checks(monkeypatch, layout, chunk_tokens, seed):
     def run(one_pass: bool):
         with monkeypatch.context() as patch:
             if one_pass:
                 patch.setattr(CollectionRules, "collect", one_pass_collect)
             rng = np.random.default_rng(seed)
-            pool = ExperiencePool(K, storage=layout, chunk_tokens=64, max_entries_per_question=3, max_total_tokens=400)
+            pool = ExperiencePool(
+                K, storage=layout, chunk_tokens=chunk_tokens, max_entries_per_question=3, max_total_tokens=400
+            )
             outcomes = []
             for step in range(1, 40):
                 try:
