@@ -141,19 +141,19 @@ class ArenaStorage(TokenStorage):
             i = j
 
     # ------------------------------------------------------------------ staging
-    def stage(self, log_probs: Sequence[np.ndarray]) -> np.ndarray | None:
+    def stage(self, log_probs: Sequence[np.ndarray], lengths: np.ndarray | None = None) -> np.ndarray | None:
         # Where put_many puts entries that fit at the open chunk's tail: there, one after the other.
         self.unstage()
         c = self._open
-        lengths = list(map(len, log_probs))
-        total = sum(lengths)
+        sizes = list(map(len, log_probs)) if lengths is None else lengths.tolist()
+        total = sum(sizes)
         if c < 0 or not total or self._room(c) < total:
             return None
         off = self._used[c]
         lps = self._lps[c]
         view = lps[off : off + total]  # type: ignore[index]
         np.concatenate(log_probs, out=view)
-        self._staged = (lps, list(log_probs), list(accumulate(lengths[:-1], initial=off)))
+        self._staged = (lps, list(log_probs), list(accumulate(sizes[:-1], initial=off)))
         self._staged_next = 0
         return view
 

@@ -21,7 +21,9 @@ way: retirement, ``collect_from``, the ``zero_success`` rule, the bounds, dedup,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from exgrpo.experience.records import (
     Group,
     GroupMember,
     MemberArrays,
+    MemberColumns,
     QuestionId,
     member_arrays,
     member_arrays_many,
@@ -42,6 +45,39 @@ from exgrpo.modes.base import GroupPlan, RewardMode
 from exgrpo.modes.binary import BinaryMode
 
 __all__ = ["COUNTERS", "CollectionRules"]
+
+#: the arrays of one group's members to store, checked with the call's others: the call's columns, the group's range
+Prepared: TypeAlias = tuple[MemberColumns, int, int]
+
+
+@dataclass(slots=True)
+class NewEntries:
+    """A group's new entries for the EntryBatch, column by column: its question index, their entry ids (reserved),
+    token ids, stored log-probs, rewards and masked-token counts."""
+
+    qi: int
+    entry_ids: range
+    token_ids: list[np.ndarray]
+    log_probs: list[np.ndarray]
+    rewards: list[float]
+    masked: list[int]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def after(self, n: int) -> NewEntries:
+        """All but the first ``n``."""
+        return NewEntries(
+            self.qi,
+            self.entry_ids[n:],
+            self.token_ids[n:],
+            self.log_probs[n:],
+            self.rewards[n:],
+            self.masked[n:],
+        )
+
+
+NO_NEW_ENTRIES = NewEntries(-1, range(0), [], [], [], [])
 
 ZERO_SUCCESS_CHOICES = ("bucket0", "keep")
 COLLECT_FROM_CHOICES = ("start", "mixed")
@@ -135,9 +171,10 @@ class CollectionRules:
     def store(self, batch: EntryBatch) -> None:
         """Store a batch of new entries (slots, metadata, tokens) and empty it."""
         if len(batch):
-            slots = self.table.allocate(batch)
+            lengths = batch.lengths()
+            slots = self.table.allocate(batch, lengths)
             self.tokens.resize(self.table.capacity)
-            self.tokens.put_many(slots, batch.token_ids, batch.log_probs, batch.lengths())
+            self.tokens.put_many(slots, batch.token_ids, batch.log_probs, lengths)
             batch.clear()
 
     def _free(self, slot: int) -> int:
@@ -322,26 +359,27 @@ class CollectionRules:
 
     def _prepare_members(
         self, groups: Sequence[Group], plans: Sequence[GroupPlan | None], retire_only: bool
-    ) -> dict[int, list[MemberArrays | None]]:
-        """Per group index, per member its plan stores (in the plan's order): its arrays as ``member_arrays`` gives
-        them, all checked in one pass (``member_arrays_many``), or None for a member whose arrays raise an error
-        (the third pass raises it where applying the groups one by one would). Empty when anything else is amiss
-        (e.g. a plan naming a member its group lacks): the third pass then meets it in its place."""
-        where: list[int] = []  # the group index of each member in ``todo``
-        todo: list[tuple[QuestionId, GroupMember]] = []
+    ) -> dict[int, Prepared]:
+        """Per group index, the arrays of the members its plan stores (in the plan's order), all checked in one pass
+        (``member_arrays_many``): the call's columns and the group's range in them. A member whose arrays raise an
+        error has none (the third pass raises it where applying the groups one by one would). Empty when anything
+        else is amiss (e.g. a plan naming a member its group lacks): the third pass then meets it in its place."""
+        spans: dict[int, tuple[int, int]] = {}  # group index -> its members' range in ``todo``
+        qids: list[QuestionId] = []
+        todo: list[GroupMember] = []
         try:
             for i, plan in enumerate(plans):
                 if plan is not None and self._stores(plan, retire_only):
-                    members, qid = groups[i].members, groups[i].question_id
-                    for index in plan.members:
-                        todo.append((qid, members[index]))
-                        where.append(i)
+                    g = groups[i]
+                    start = len(todo)
+                    members = g.members
+                    todo += [members[index] for index in plan.members]
+                    qids += [g.question_id] * (len(todo) - start)
+                    spans[i] = (start, len(todo))
         except Exception:
             return {}
-        out: dict[int, list[MemberArrays | None]] = {}
-        for i, arrays in zip(where, member_arrays_many(todo, stage=self.tokens.stage), strict=True):
-            out.setdefault(i, []).append(arrays)
-        return out
+        columns = member_arrays_many(qids, todo, stage=self.tokens.stage)
+        return {i: (columns, start, stop) for i, (start, stop) in spans.items()}
 
     def _check_size(self, g: Group) -> None:
         if len(g.members) != self.k:
@@ -358,10 +396,10 @@ class CollectionRules:
         retire_only: bool,
         stats: CollectStats,
         batch: EntryBatch,
-        prepared: Sequence[Any] | None = None,
+        prepared: Prepared | None = None,
     ) -> bool:
-        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``. ``prepared``: per
-        member the plan stores, its arrays (:meth:`_prepare_members`) or None."""
+        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``. ``prepared``: the
+        arrays of the members the plan stores (:meth:`_prepare_members`)."""
         qid = g.question_id
         if plan.retire:
             self.retire(qid, step)
@@ -389,7 +427,7 @@ class CollectionRules:
         step: int,
         stats: CollectStats,
         batch: EntryBatch,
-        prepared: Sequence[Any] | None = None,
+        prepared: Prepared | None = None,
     ) -> bool:
         """Stage the new ``fresh`` members (dedup), apply the per-question cap and set the question's bucket; True
         when entries went into ``batch``."""
@@ -401,18 +439,19 @@ class CollectionRules:
             from_stored = min(over, stored)
             for s in self.table.drop_front(self.table.question_index(qid), from_stored):
                 stats.evicted_tokens += self._free(s)
-            dropped, new = new[: over - from_stored], new[over - from_stored :]  # never stored, ids consumed
-            stats.evicted_tokens += sum(row[2].shape[0] for row in dropped)
+            dropped = over - from_stored  # the oldest new ones: never stored, their ids consumed
+            stats.evicted_tokens += sum(map(len, new.token_ids[:dropped]))
+            new = new.after(dropped)
             stats.evicted_entries += over
             stored -= from_stored
-        for e in new:
-            batch.append(*e)
+        if len(new):
+            batch.extend(new.qi, new.entry_ids, new.token_ids, new.log_probs, new.rewards, step, new.masked)
         if stored + len(new) > 0:
             self.buckets.set(qid, bucket)
             stats.bucket_updates += 1
         else:
             self.buckets.remove(qid)
-        return bool(new)
+        return bool(len(new))
 
     def _stage(
         self,
@@ -420,18 +459,29 @@ class CollectionRules:
         members: Sequence[GroupMember],
         step: int,
         stats: CollectStats,
-        prepared: Sequence[Any] | None = None,
-    ) -> list[tuple[int, int, np.ndarray, np.ndarray, float, int, int]]:
-        """The members to add as EntryBatch rows: checked (a member whose loss mask and log-probs disagree, or whose
+        prepared: Prepared | None = None,
+    ) -> NewEntries:
+        """The members to add to the EntryBatch: checked (a member whose loss mask and log-probs disagree, or whose
         exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order.
-        ``prepared``: per member, its arrays as ``member_arrays`` gives them (checked with the call's others) or
-        None."""
+        ``prepared``: their arrays, checked with the call's others (:meth:`_prepare_members`)."""
+        if prepared is not None:  # the common case, as the loop below takes it: converted, and no defect found
+            columns, start, stop = prepared
+            ids = columns.token_ids[start:stop]
+            for m, i, d in zip(members, ids, columns.defect[start:stop]):
+                if i is None or d is not None or m.defect is not None:
+                    break
+            else:
+                stored, masked = columns.stored_log_probs[start:stop], columns.masked[start:stop]
+                lengths = columns.lengths[start:stop]
+                return self._rows(qid, ids, stored, masked, members, step, stats, lengths)  # type: ignore[arg-type]
         arrays, fit = [], []
         for j, m in enumerate(members):
-            a = None if prepared is None else prepared[j]
+            a = None if prepared is None else prepared[0].arrays(prepared[1] + j)
             if a is None:
                 a = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
-            defect = m.defect() if callable(m.defect) else m.defect
+            defect = m.defect
+            if defect is not None and callable(defect):  # the trainer's check, asked of a member to store only
+                defect = defect()
             if defect is None and a.defect is not None:
                 defect = a.defect[0]
             if defect is None:
@@ -443,16 +493,44 @@ class CollectionRules:
                 stats.rejected_inconsistent += 1
             else:
                 raise ValueError(f"question {qid!r}: unknown member defect {defect!r}; expected one of {masks.DEFECTS}")
-        if not arrays:
-            return []
+        ids = [a.token_ids for a in arrays]
+        return self._rows(qid, ids, [a.stored_log_probs for a in arrays], [a.masked for a in arrays], fit, step, stats)
+
+    def _rows(
+        self,
+        qid: QuestionId,
+        ids: Sequence[np.ndarray],
+        stored: Sequence[np.ndarray],
+        masked: Sequence[int],
+        fit: Sequence[GroupMember],
+        step: int,
+        stats: CollectStats,
+        lengths: list[int] | None = None,
+    ) -> NewEntries:
+        """The members ``fit`` (their token ids, stored log-probs, masked counts and, when known, lengths) that are
+        new (dedup), entry ids reserved."""
+        if not ids:
+            return NO_NEW_ENTRIES
         qi = self.table.question_index(qid)  # a question gets its index with its first member to store
-        keep = self._new_trajectories(qi, arrays)
-        stats.duplicates += len(arrays) - len(keep)
+        if lengths is None:
+            lengths = list(map(len, ids))  # 1-D
+        if not self.table.slots(qi) and len(set(lengths)) == len(lengths):  # nothing to compare: every one is new
+            self.counters["collected"] += len(ids)
+            stats.added_entries += len(ids)
+            stats.added_tokens += sum(lengths)
+            first = self.table.reserve_entry_ids(len(ids))
+            rewards = [float(m.reward) for m in fit]
+            return NewEntries(qi, range(first, first + len(ids)), ids, stored, rewards, masked)
+        keep = self._new_trajectories(qi, list(map(MemberArrays, ids, stored, masked, repeat(None))))
+        stats.duplicates += len(ids) - len(keep)
         stats.added_entries += len(keep)
+        stats.added_tokens += sum([lengths[j] for j in keep])
         first = self.table.reserve_entry_ids(len(keep))
-        rows = []
-        for j, i in enumerate(keep):
-            a = arrays[i]
-            stats.added_tokens += a.token_ids.shape[0]
-            rows.append((qi, first + j, a.token_ids, a.stored_log_probs, float(fit[i].reward), step, a.masked))
-        return rows
+        return NewEntries(
+            qi,
+            range(first, first + len(keep)),
+            [ids[j] for j in keep],
+            [stored[j] for j in keep],
+            [float(fit[j].reward) for j in keep],
+            [masked[j] for j in keep],
+        )

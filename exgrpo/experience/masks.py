@@ -18,6 +18,8 @@ same bytes), a mask costs no byte, and the conversion happens at the pool's boun
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress, repeat
+from operator import is_not, not_
 from typing import Any
 
 import numpy as np
@@ -134,31 +136,45 @@ def prepare(qid: Any, loss_mask: Any, log_probs: np.ndarray) -> tuple[np.ndarray
 
 def prepare_many(
     log_probs: Sequence[np.ndarray],
-    loss_masks: Sequence[np.ndarray | None],
+    loss_masks: Sequence[np.ndarray | None] | None,
     *,
-    stage: Callable[[list[np.ndarray]], np.ndarray | None] | None = None,
-) -> list[tuple[np.ndarray, int, tuple[str, str] | None]]:
-    """:func:`prepare` of many members at once: per member the same (stored log-probs, masked count, defect), from a
-    constant number of numpy calls for all of them instead of a few per member (what checking a collect call's
-    members costs is mostly the calls, not the arithmetic).
+    stage: Callable[[list[np.ndarray], np.ndarray], np.ndarray | None] | None = None,
+    lengths: np.ndarray | None = None,
+) -> tuple[list[np.ndarray], list[int], list[tuple[str, str] | None]]:
+    """:func:`prepare` of many members at once, column by column: per member the same stored log-probs, masked
+    count and defect, from a constant number of numpy calls for all of them instead of a few per member (what
+    checking a collect call's members costs is mostly the calls, not the arithmetic).
 
     Each of ``log_probs`` must be a 1-D float32 array and each of ``loss_masks`` None or what :func:`bool_mask` gives
-    for it (the caller has converted and checked them, as :func:`prepare`'s caller does). The stored log-probs are
+    for it (the caller has converted and checked them, as :func:`prepare`'s caller does); ``loss_masks`` None: none
+    has a mask. ``lengths``: the arrays' lengths (int64), when the caller has them. The stored log-probs are
     the member's own array where :func:`prepare` gives it (no mask, or all ones), else a view into one new array
     that holds the encoded log-probs of all the masked members.
 
     ``stage``: a token storage's :meth:`~exgrpo.experience.storage.TokenStorage.stage`, given the stored log-probs
-    of the non-empty members in order; the checks then read them where it wrote them (instead of a copy of their
-    own), and a store that finds them there in place does not copy them again.
+    of the non-empty members in order (and their lengths); the checks then read them where it wrote them (instead of
+    a copy of their own), and a store that finds them there in place does not copy them again.
     """
-    out: list[Any] = [None] * len(log_probs)
+    n_members = len(log_probs)
     stored = list(log_probs)  # per member what is stored: its own array, or (below) its encoded log-probs
+    counts = [0] * n_members
+    defects: list[tuple[str, str] | None] = [None] * n_members
+    if lengths is None:
+        lengths = _lengths(stored)
+    if loss_masks is None or not any(map(is_not, loss_masks, repeat(None))):
+        loss_masks = [None] * n_members
+        if lengths.all():  # the common call: no mask, no empty array
+            if n_members:
+                staged = None if stage is None else stage(stored, lengths)
+                valid = _within_bounds(lengths, staged if staged is not None else np.concatenate(stored))[0]
+                if not all(valid):
+                    for i in compress(range(n_members), map(not_, valid)):
+                        defects[i] = log_prob_defect(stored[i])
+            return stored, counts, defects
     plain: list[int] = []  # the members whose bounds are checked on the stored log-probs (no mask, all ones)
     masked: list[int] = []
-    for i, (a, x) in enumerate(zip(log_probs, loss_masks, strict=True)):
-        if not a.shape[0]:
-            out[i] = (a, 0, None)  # prepare's answer for no token (a segment of reduceat is never empty)
-        else:
+    for i, (n, x) in enumerate(zip(lengths.tolist(), loss_masks, strict=True)):
+        if n:  # else prepare's answer for no token: nothing to check (a segment of reduceat is never empty)
             (plain if x is None else masked).append(i)
     if masked:
         arrays = [log_probs[i] for i in masked]
@@ -166,45 +182,46 @@ def prepare_many(
         values = np.concatenate(arrays)
         mask = np.concatenate(given)
         # the model tokens' values, 0.0 (a valid log-prob) in place of the masked ones, for the bounds
-        valid, starts, ends = _within_bounds(arrays, np.where(mask, values, np.float32(0.0)))
+        valid, starts, ends = _within_bounds(lengths[masked], np.where(mask, values, np.float32(0.0)))
         model_tokens = np.add.reduceat(mask, starts, dtype=np.int64).tolist()
         ends_on_model = mask[ends - 1].tolist()
         np.copyto(values, MASKED_LOG_PROB, where=~mask)  # encode: NaN on the masked tokens
         for k, (i, a, m, start, end) in enumerate(zip(masked, arrays, given, starts.tolist(), ends.tolist())):
             n, model = end - start, model_tokens[k]
             if model == n:  # all ones: no mask (prepare stores the array itself)
-                out[i] = (a, 0, None if valid[k] else log_prob_defect(a))
+                defects[i] = None if valid[k] else log_prob_defect(a)
                 continue
             if model == 0:
-                defect: tuple[str, str] | None = (INCONSISTENT, _NO_MODEL_TOKEN)
+                defects[i] = (INCONSISTENT, _NO_MODEL_TOKEN)
             elif not ends_on_model[k]:
-                defect = (TRUNCATED, _ENDS_MASKED)
-            else:
-                defect = None if valid[k] else log_prob_defect(a[m])  # type: ignore[index]
-            stored[i] = values[start:end]
-            out[i] = (stored[i], n - model, defect)
-    if not plain and not masked:
-        return out
+                defects[i] = (TRUNCATED, _ENDS_MASKED)
+            elif not valid[k]:
+                defects[i] = log_prob_defect(a[m])  # type: ignore[index]
+            stored[i], counts[i] = values[start:end], n - model
     members = plain if not masked else sorted(plain + masked)
-    arrays = [stored[i] for i in members]
-    staged = None if stage is None else stage(arrays)
-    if plain:
-        if staged is not None:  # every member's stored log-probs, where the storage put them
-            valid_of = dict(zip(members, _within_bounds(arrays, staged)[0], strict=True))
-            valid = [valid_of[i] for i in plain]
-        else:
-            own = arrays if not masked else [log_probs[i] for i in plain]
-            valid = _within_bounds(own, np.concatenate(own))[0]
-        for i, ok in zip(plain, valid, strict=True):
-            a = log_probs[i]
-            out[i] = (a, 0, None if ok else log_prob_defect(a))
-    return out
+    if members:
+        arrays = [stored[i] for i in members]
+        staged = None if stage is None else stage(arrays, lengths[members])
+        if plain:
+            if staged is not None:  # every member's stored log-probs, where the storage put them
+                valid_of = dict(zip(members, _within_bounds(lengths[members], staged)[0], strict=True))
+                valid = [valid_of[i] for i in plain]
+            else:
+                own = [log_probs[i] for i in plain]
+                valid = _within_bounds(lengths[plain], np.concatenate(own))[0]
+            for i, ok in zip(plain, valid, strict=True):
+                if not ok:
+                    defects[i] = log_prob_defect(log_probs[i])
+    return stored, counts, defects
 
 
-def _within_bounds(arrays: Sequence[np.ndarray], values: np.ndarray) -> tuple[list[bool], np.ndarray, np.ndarray]:
-    """Per array of ``arrays`` (1-D, non-empty, concatenated in ``values``): whether :func:`log_prob_defect`'s two
-    reductions pass on its segment of ``values``; with the segments' starts and ends."""
-    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+def _lengths(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))  # 1-D arrays
+
+
+def _within_bounds(lengths: np.ndarray, values: np.ndarray) -> tuple[list[bool], np.ndarray, np.ndarray]:
+    """Per segment of ``values`` (``lengths`` > 0 tokens each, one after the other): whether
+    :func:`log_prob_defect`'s two reductions pass on it; with the segments' starts and ends."""
     ends = np.cumsum(lengths)
     starts = ends - lengths
     valid = (np.maximum.reduceat(values, starts) <= MAX_LOG_PROB) & (np.minimum.reduceat(values, starts) > -np.inf)

@@ -32,6 +32,7 @@ __all__ = [
     "is_success",
     "member_arrays",
     "member_arrays_many",
+    "MemberColumns",
 ]
 
 #: why a member is not stored (``GroupMember.defect``, ``exgrpo.experience.masks``): ``inconsistent`` (its loss mask
@@ -41,6 +42,7 @@ DEFECTS = masks.DEFECTS
 QuestionId: TypeAlias = str | int
 
 _INT32_MAX = np.iinfo(np.int32).max
+_INT32, _FLOAT32 = np.dtype(np.int32), np.dtype(np.float32)
 
 
 @dataclass
@@ -196,27 +198,75 @@ def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, los
     return MemberArrays(ids, stored, masked, defect)
 
 
+@dataclass(slots=True)
+class MemberColumns:
+    """:func:`member_arrays` of many members, column by column (one item per member): ``token_ids`` (None for a
+    member whose arrays raise an error, which :func:`member_arrays` raises), ``stored_log_probs``, ``masked``,
+    ``defect``, ``lengths``. A collect call keeps its members' arrays this way: no object per member."""
+
+    token_ids: list[np.ndarray | None]
+    stored_log_probs: list[np.ndarray | None]
+    masked: list[int]
+    defect: list[tuple[str, str] | None]
+    lengths: list[int]  # tokens (0 where there are no token ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def arrays(self, k: int) -> MemberArrays | None:
+        """Member ``k`` as :func:`member_arrays` gives it; None where that raises."""
+        ids = self.token_ids[k]
+        if ids is None:
+            return None
+        return MemberArrays(ids, self.stored_log_probs[k], self.masked[k], self.defect[k])  # type: ignore[arg-type]
+
+
 def member_arrays_many(
-    members: Sequence[tuple[QuestionId, Any]], *, stage: Callable[[list[np.ndarray]], np.ndarray | None] | None = None
-) -> list[MemberArrays | None]:
-    """:func:`member_arrays` of many ``(question id, GroupMember)`` pairs, with the log-probs and masks of all of
-    them checked and encoded together (:func:`~exgrpo.experience.masks.prepare_many`: a constant number of numpy
-    calls instead of a few per member; ``stage`` as there). None for a member whose arrays raise an error: nothing
-    is raised here, the caller calls :func:`member_arrays` for that member where its error belongs."""
-    kept: list[int] = []
-    converted: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
-    for k, (qid, m) in enumerate(members):
-        try:
-            ids, lps = _converted(qid, m.token_ids, m.behaviour_log_probs)
-            mask = None if m.loss_mask is None else masks.bool_mask(qid, m.loss_mask, ids.shape[0])
-        except Exception:  # raised again by member_arrays, in its place
-            continue
+    qids: Sequence[QuestionId],
+    members: Sequence[Any],
+    *,
+    stage: Callable[[list[np.ndarray]], np.ndarray | None] | None = None,
+) -> MemberColumns:
+    """:func:`member_arrays` of many members (``GroupMember``; ``qids``: each one's question), with the log-probs and
+    masks of all of them checked and encoded together (:func:`~exgrpo.experience.masks.prepare_many`: a constant
+    number of numpy calls instead of a few per member; ``stage`` as there). Nothing is raised here: a member whose
+    arrays raise an error has no token ids in the result, and the caller calls :func:`member_arrays` for it where
+    its error belongs."""
+    ids_of = [m.token_ids for m in members]
+    lps_of = [m.behaviour_log_probs for m in members]
+    ready = [  # what _converted would give back unchanged, and no mask: nothing to convert or check one by one
+        type(ids) is np.ndarray
+        and type(lps) is np.ndarray
+        and ids.dtype is _INT32
+        and lps.dtype is _FLOAT32
+        and ids.ndim == 1
+        and ids.shape == lps.shape
+        and ids.shape[0] > 0
+        and m.loss_mask is None
+        for ids, lps, m in zip(ids_of, lps_of, members, strict=True)
+    ]
+    if all(ready):
+        lengths = np.fromiter(map(len, ids_of), dtype=np.int64, count=len(ids_of))
+        stored, counts, defects = masks.prepare_many(lps_of, None, stage=stage, lengths=lengths)
+        return MemberColumns(ids_of, stored, counts, defects, lengths.tolist())
+    masks_of = [m.loss_mask for m in members]
+    kept: list[int] = []  # the members converted
+    for k, (qid, ids, lps, mask) in enumerate(zip(qids, ids_of, lps_of, masks_of, strict=True)):
+        if not ready[k]:
+            try:
+                ids, lps = _converted(qid, ids, lps)
+                if mask is not None:
+                    mask = masks.bool_mask(qid, mask, ids.shape[0])
+            except Exception:  # raised again by member_arrays, in its place
+                continue
+            ids_of[k], lps_of[k], masks_of[k] = ids, lps, mask
         kept.append(k)
-        converted.append((ids, lps, mask))
-    found = masks.prepare_many([c[1] for c in converted], [c[2] for c in converted], stage=stage)
-    out: list[MemberArrays | None] = [None] * len(members)
-    for k, (ids, _, _), (stored, masked, defect) in zip(kept, converted, found, strict=True):
-        out[k] = MemberArrays(ids, stored, masked, defect)
+    stored, counts, defects = masks.prepare_many([lps_of[k] for k in kept], [masks_of[k] for k in kept], stage=stage)
+    n = len(members)
+    out = MemberColumns([None] * n, [None] * n, [0] * n, [None] * n, [0] * n)
+    for j, k in enumerate(kept):
+        out.token_ids[k], out.stored_log_probs[k] = ids_of[k], stored[j]
+        out.masked[k], out.defect[k], out.lengths[k] = counts[j], defects[j], len(ids_of[k])
     return out
 
 

@@ -115,10 +115,11 @@ class TokenStorage(abc.ABC):
         """Store the concatenated tokens of entries ``slots`` (``lengths`` each), copied out of ``ids`` / ``lps``."""
 
     # ------------------------------------------------------------------ staging (optional)
-    def stage(self, log_probs: Sequence[np.ndarray]) -> np.ndarray | None:
+    def stage(self, log_probs: Sequence[np.ndarray], lengths: np.ndarray | None = None) -> np.ndarray | None:
         """Write the log-probs of the entries that the next ``put_many`` calls are expected to store (non-empty
-        arrays, in the order they will come) where those calls would put them, and return them there, concatenated
-        (a view for the caller to read before the storage changes); None where the layout cannot (the default).
+        arrays, in the order they will come; ``lengths``: theirs, when the caller has them) where those calls would
+        put them, and return them there, concatenated (a view for the caller to read before the storage changes);
+        None where the layout cannot (the default).
 
         Nothing observable changes: the place is free space. ``put_many`` skips the copy of log-probs it finds
         staged in place (the same arrays, in the same order, where it puts them) and copies everything else as

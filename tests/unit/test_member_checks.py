@@ -148,20 +148,22 @@ def test_prepare_and_prepare_many_match_the_per_member_definition(seed):
     subsets += [sorted(rng.choice(len(lps), int(rng.integers(1, 6)), replace=False).tolist()) for _ in range(20)]
     staged = []
 
-    def stage(arrays):  # a storage that stages: the checks read its copy
+    def stage(arrays, lengths):  # a storage that stages: the checks read its copy
+        assert lengths.tolist() == [len(a) for a in arrays]
         staged.append(arrays)
         return np.concatenate(arrays)
 
     for subset in subsets:
-        for how in (None, stage, lambda arrays: None):
+        for how in (None, stage, lambda arrays, lengths: None):
             staged.clear()
-            found = masks.prepare_many([lps[i] for i in subset], [mks[i] for i in subset], stage=how)
+            columns = masks.prepare_many([lps[i] for i in subset], [mks[i] for i in subset], stage=how)
+            found = list(zip(*columns, strict=True))
             assert len(found) == len(subset)
             for f, i in zip(found, subset, strict=True):
                 assert_same(f, expected[i])
             if how is stage:  # given what is stored, in order
                 assert len(staged) == 1 and all(a is f[0] for a, f in zip(staged[0], found, strict=True))
-    assert masks.prepare_many([], []) == []
+    assert masks.prepare_many([], []) == ([], [], [])
 
 
 def test_the_two_reductions_decide_like_the_token_by_token_check():
@@ -173,7 +175,7 @@ def test_the_two_reductions_decide_like_the_token_by_token_check():
         wide = a.astype(np.float64)  # another dtype: the same answers
         assert masks.log_prob_defect(wide) == ref_trajectory_defect(wide, None)
     empty = np.zeros(0, dtype=np.float32)
-    assert masks.log_prob_defect(empty) is None and masks.prepare_many([empty], [None])[0][2] is None
+    assert masks.log_prob_defect(empty) is None and masks.prepare_many([empty], [None])[2] == [None]
 
 
 def test_prepare_converts_and_refuses_masks_as_before():
@@ -213,21 +215,31 @@ def member(rng, qid_ok=True):
 def test_member_arrays_many_matches_member_arrays_and_leaves_errors_to_it():
     rng = np.random.default_rng(11)
     todo = [(f"q{i % 5}", member(rng, qid_ok=False)) for i in range(400)]
-    found = member_arrays_many(todo)
+    plain = [  # no conversion and no mask: the path of a call with nothing to look at one by one
+        (q, m)
+        for q, m in todo
+        if m.loss_mask is None
+        and np.asarray(m.token_ids).dtype == np.int32
+        and m.behaviour_log_probs.dtype == np.float32
+    ]
     errors = 0
-    for (qid, m), f in zip(todo, found, strict=True):
-        try:
-            expected = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
-        except ValueError:
-            assert f is None
-            errors += 1
-            continue
-        assert f is not None and f.token_ids.dtype == np.int32
-        assert f.token_ids.tobytes() == expected.token_ids.tobytes()
-        assert_same(
-            (f.stored_log_probs, f.masked, f.defect), (expected.stored_log_probs, expected.masked, expected.defect)
-        )
-    assert errors > 10
+    for members in (todo, plain):
+        columns = member_arrays_many([q for q, _ in members], [m for _, m in members])
+        assert len(columns) == len(members)
+        for k, (qid, m) in enumerate(members):
+            f = columns.arrays(k)
+            try:
+                expected = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
+            except ValueError:
+                assert f is None
+                errors += 1
+                continue
+            assert f is not None and f.token_ids.dtype == np.int32
+            assert f.token_ids.tobytes() == expected.token_ids.tobytes()
+            assert_same(
+                (f.stored_log_probs, f.masked, f.defect), (expected.stored_log_probs, expected.masked, expected.defect)
+            )
+    assert errors > 10 and len(plain) > 30
 
 
 # ------------------------------------------------------------------ whole collect calls, both ways
