@@ -22,6 +22,7 @@ from exgrpo.experience import ExperiencePool, Group, GroupMember, masks
 from exgrpo.experience.collection import CollectionRules
 from exgrpo.experience.entries import EntryBatch
 from exgrpo.experience.records import CollectStats, member_arrays, member_arrays_many
+from exgrpo.modes.binary import BinaryMode
 
 K = 4
 
@@ -341,3 +342,28 @@ def test_collect_ends_as_the_one_pass_collect_with_its_member_by_member_checks(m
     assert any(isinstance(o, str) and "members" in o for o in before)  # malformed groups stopped some calls
     assert any(isinstance(o, list) and dict(o)["collect/rejected_inconsistent"] for o in before)
     assert now == before
+
+
+def test_the_binary_planner_asks_an_overridden_success_rule():
+    """The planner applies success_reward itself, without a call per member, unless a subclass overrides is_success."""
+
+    class HalfCredit(BinaryMode):  # a success from a reward of 0.5 on
+        def is_success(self, reward: float) -> bool:
+            return float(reward) >= 0.5
+
+    class Threshold(BinaryMode):
+        success_reward = 0.5
+
+    def bucket(mode):
+        pool = ExperiencePool(K, mode=mode)
+        rewards = [1.0, 0.6, 0.5, 0.0]
+        rng = np.random.default_rng(1)
+        members = [
+            GroupMember(rng.integers(0, 9, 3 + i).astype(np.int32), -np.ones(3 + i, np.float32), r)
+            for i, r in enumerate(rewards)
+        ]
+        pool.collect(1, [Group("q", members)])
+        return pool.bucket_of("q"), len(pool)
+
+    assert bucket(BinaryMode()) == (1, 1)
+    assert bucket(HalfCredit()) == bucket(Threshold()) == (3, 3)
