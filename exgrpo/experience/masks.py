@@ -166,30 +166,41 @@ def prepare_many(
         if lengths.all():  # the common call: no mask, no empty array
             if n_members:
                 staged = None if stage is None else stage(stored, lengths)
-                valid = _within_bounds(lengths, staged if staged is not None else np.concatenate(stored))[0]
+                valid = _bounds_ok(staged if staged is not None else np.concatenate(stored), _segments(lengths)[0])
                 if not all(valid):
                     for i in compress(range(n_members), map(not_, valid)):
                         defects[i] = log_prob_defect(stored[i])
             return stored, counts, defects
-    plain: list[int] = []  # the members whose bounds are checked on the stored log-probs (no mask, all ones)
-    masked: list[int] = []
-    for i, (n, x) in enumerate(zip(lengths.tolist(), loss_masks, strict=True)):
-        if n:  # else prepare's answer for no token: nothing to check (a segment of reduceat is never empty)
-            (plain if x is None else masked).append(i)
+    if lengths.all():
+        members: Sequence[int] = range(n_members)
+        masked = [i for i, x in enumerate(loss_masks) if x is not None]
+    else:  # prepare's answer for no token: nothing to check (a segment of reduceat is never empty)
+        members = [i for i, n in enumerate(lengths.tolist()) if n]
+        masked = [i for i in members if loss_masks[i] is not None]
     if masked:
         arrays = [log_probs[i] for i in masked]
         given = [loss_masks[i] for i in masked]
         values = np.concatenate(arrays)
         mask = np.concatenate(given)
-        # the model tokens' values, 0.0 (a valid log-prob) in place of the masked ones, for the bounds
-        valid, starts, ends = _within_bounds(lengths[masked], np.where(mask, values, np.float32(0.0)))
-        model_tokens = np.add.reduceat(mask, starts, dtype=np.int64).tolist()
+        # In place, in the one copy of the masked members' log-probs, on their bits (whole-array integer operations,
+        # where a boolean assignment costs several times as much): 0.0 (a valid log-prob) in place of the masked
+        # tokens for the bounds on the model tokens' values, then the encoding: NaN on the masked tokens.
+        keep = mask.astype(np.int32)  # 1 on the model's tokens
+        starts, ends = _segments(lengths[masked])
+        model_tokens = np.add.reduceat(keep, starts, dtype=np.int32).tolist()  # (int64 would cast every one)
+        np.negative(keep, out=keep)  # all bits set on the model's tokens, none on the masked ones
+        bits = values.view(np.int32)
+        np.bitwise_and(bits, keep, out=bits)
+        valid = _bounds_ok(values, starts)
+        np.invert(keep, out=keep)  # all bits set on the masked tokens
+        np.bitwise_and(keep, _MASKED_BITS, out=keep)
+        np.bitwise_or(bits, keep, out=bits)
         ends_on_model = mask[ends - 1].tolist()
-        np.copyto(values, MASKED_LOG_PROB, where=~mask)  # encode: NaN on the masked tokens
         for k, (i, a, m, start, end) in enumerate(zip(masked, arrays, given, starts.tolist(), ends.tolist())):
             n, model = end - start, model_tokens[k]
             if model == n:  # all ones: no mask (prepare stores the array itself)
-                defects[i] = None if valid[k] else log_prob_defect(a)
+                if not valid[k]:
+                    defects[i] = log_prob_defect(a)
                 continue
             if model == 0:
                 defects[i] = (INCONSISTENT, _NO_MODEL_TOKEN)
@@ -198,34 +209,43 @@ def prepare_many(
             elif not valid[k]:
                 defects[i] = log_prob_defect(a[m])  # type: ignore[index]
             stored[i], counts[i] = values[start:end], n - model
-    members = plain if not masked else sorted(plain + masked)
     if members:
-        arrays = [stored[i] for i in members]
-        staged = None if stage is None else stage(arrays, lengths[members])
-        if plain:
+        arrays = stored if len(members) == n_members else [stored[i] for i in members]
+        sizes = lengths if len(members) == n_members else lengths[members]
+        staged = None if stage is None else stage(arrays, sizes)  # type: ignore[arg-type]
+        if len(masked) < len(members):  # the bounds of the members without a mask
             if staged is not None:  # every member's stored log-probs, where the storage put them
-                valid_of = dict(zip(members, _within_bounds(lengths[members], staged)[0], strict=True))
-                valid = [valid_of[i] for i in plain]
+                invalid = compress(members, map(not_, _bounds_ok(staged, _segments(sizes)[0])))
             else:
+                plain = [i for i in members if loss_masks[i] is None]
                 own = [log_probs[i] for i in plain]
-                valid = _within_bounds(lengths[plain], np.concatenate(own))[0]
-            for i, ok in zip(plain, valid, strict=True):
-                if not ok:
+                invalid = compress(plain, map(not_, _bounds_ok(np.concatenate(own), _segments(lengths[plain])[0])))
+            for i in invalid:
+                if loss_masks[i] is None:  # (a masked member's NaNs fail the bounds: it was looked at above)
                     defects[i] = log_prob_defect(log_probs[i])
     return stored, counts, defects
+
+
+#: the bits of MASKED_LOG_PROB, as an int32 (OR-ed into the bits of a 0.0)
+_MASKED_BITS = MASKED_LOG_PROB.view(np.int32)
 
 
 def _lengths(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))  # 1-D arrays
 
 
-def _within_bounds(lengths: np.ndarray, values: np.ndarray) -> tuple[list[bool], np.ndarray, np.ndarray]:
-    """Per segment of ``values`` (``lengths`` > 0 tokens each, one after the other): whether
-    :func:`log_prob_defect`'s two reductions pass on it; with the segments' starts and ends."""
+def _segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and ends of consecutive segments of ``lengths`` tokens."""
     ends = np.cumsum(lengths)
-    starts = ends - lengths
-    valid = (np.maximum.reduceat(values, starts) <= MAX_LOG_PROB) & (np.minimum.reduceat(values, starts) > -np.inf)
-    return valid.tolist(), starts, ends
+    return ends - lengths, ends
+
+
+def _bounds_ok(values: np.ndarray, starts: np.ndarray) -> list[bool]:
+    """Per segment of ``values`` (from each of ``starts``, increasing, to the next; none empty): whether
+    :func:`log_prob_defect`'s two reductions pass on it."""
+    return (
+        (np.maximum.reduceat(values, starts) <= MAX_LOG_PROB) & (np.minimum.reduceat(values, starts) > -np.inf)
+    ).tolist()
 
 
 def encode(log_probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

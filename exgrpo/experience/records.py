@@ -42,7 +42,7 @@ DEFECTS = masks.DEFECTS
 QuestionId: TypeAlias = str | int
 
 _INT32_MAX = np.iinfo(np.int32).max
-_INT32, _FLOAT32 = np.dtype(np.int32), np.dtype(np.float32)
+_INT32, _FLOAT32, _BOOL = np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.bool_)
 
 
 @dataclass
@@ -234,7 +234,8 @@ def member_arrays_many(
     its error belongs."""
     ids_of = [m.token_ids for m in members]
     lps_of = [m.behaviour_log_probs for m in members]
-    ready = [  # what _converted would give back unchanged, and no mask: nothing to convert or check one by one
+    masks_of = [m.loss_mask for m in members]
+    ready = [  # what _converted and masks.bool_mask would give back unchanged: nothing to do one by one
         type(ids) is np.ndarray
         and type(lps) is np.ndarray
         and ids.dtype is _INT32
@@ -242,14 +243,13 @@ def member_arrays_many(
         and ids.ndim == 1
         and ids.shape == lps.shape
         and ids.shape[0] > 0
-        and m.loss_mask is None
-        for ids, lps, m in zip(ids_of, lps_of, members, strict=True)
+        and (mask is None or (type(mask) is np.ndarray and mask.dtype is _BOOL and mask.shape == ids.shape))
+        for ids, lps, mask in zip(ids_of, lps_of, masks_of, strict=True)
     ]
     if all(ready):
         lengths = np.fromiter(map(len, ids_of), dtype=np.int64, count=len(ids_of))
-        stored, counts, defects = masks.prepare_many(lps_of, None, stage=stage, lengths=lengths)
+        stored, counts, defects = masks.prepare_many(lps_of, masks_of, stage=stage, lengths=lengths)
         return MemberColumns(ids_of, stored, counts, defects, lengths.tolist())
-    masks_of = [m.loss_mask for m in members]
     kept: list[int] = []  # the members converted
     for k, (qid, ids, lps, mask) in enumerate(zip(qids, ids_of, lps_of, masks_of, strict=True)):
         if not ready[k]:

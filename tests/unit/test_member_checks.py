@@ -132,8 +132,7 @@ def assert_same(found, expected):
 def test_prepare_and_prepare_many_match_the_per_member_definition(seed):
     rng = np.random.default_rng(seed)
     lps, mks = [], []
-    for _ in range(200):
-        n = int(rng.integers(1, 40))
+    for n in [int(rng.integers(1, 40)) for _ in range(200)] + [300, 40_000, 70_000]:  # long ones: counts past 2**15
         lps.append(random_log_probs(rng, n))
         mks.append(random_mask(rng, n))
     expected = [ref_prepare("q", m, a) for a, m in zip(lps, mks, strict=True)]
