@@ -177,38 +177,12 @@ def prepare_many(
     else:  # prepare's answer for no token: nothing to check (a segment of reduceat is never empty)
         members = [i for i, n in enumerate(lengths.tolist()) if n]
         masked = [i for i in members if loss_masks[i] is not None]
-    if masked:
-        arrays = [log_probs[i] for i in masked]
-        given = [loss_masks[i] for i in masked]
-        values = np.concatenate(arrays)
-        mask = np.concatenate(given)
-        # In place, in the one copy of the masked members' log-probs, on their bits (whole-array integer operations,
-        # where a boolean assignment costs several times as much): 0.0 (a valid log-prob) in place of the masked
-        # tokens for the bounds on the model tokens' values, then the encoding: NaN on the masked tokens.
-        keep = mask.astype(np.int32)  # 1 on the model's tokens
-        starts, ends = _segments(lengths[masked])
-        model_tokens = np.add.reduceat(keep, starts, dtype=np.int32).tolist()  # (int64 would cast every one)
-        np.negative(keep, out=keep)  # all bits set on the model's tokens, none on the masked ones
-        bits = values.view(np.int32)
-        np.bitwise_and(bits, keep, out=bits)
-        valid = _bounds_ok(values, starts)
-        np.invert(keep, out=keep)  # all bits set on the masked tokens
-        np.bitwise_and(keep, _MASKED_BITS, out=keep)
-        np.bitwise_or(bits, keep, out=bits)
-        ends_on_model = mask[ends - 1].tolist()
-        for k, (i, a, m, start, end) in enumerate(zip(masked, arrays, given, starts.tolist(), ends.tolist())):
-            n, model = end - start, model_tokens[k]
-            if model == n:  # all ones: no mask (prepare stores the array itself)
-                if not valid[k]:
-                    defects[i] = log_prob_defect(a)
-                continue
-            if model == 0:
-                defects[i] = (INCONSISTENT, _NO_MODEL_TOKEN)
-            elif not ends_on_model[k]:
-                defects[i] = (TRUNCATED, _ENDS_MASKED)
-            elif not valid[k]:
-                defects[i] = log_prob_defect(a[m])  # type: ignore[index]
-            stored[i], counts[i] = values[start:end], n - model
+    if masked:  # in blocks of about _MASKED_BLOCK_TOKENS tokens: each block's passes read what the cache holds
+        ends = np.cumsum(lengths[masked])
+        cuts = np.searchsorted(ends, np.arange(_MASKED_BLOCK_TOKENS, int(ends[-1]), _MASKED_BLOCK_TOKENS))
+        bounds = [0, *sorted(set(cuts.tolist()) - {0}), len(masked)]
+        for first, stop in zip(bounds[:-1], bounds[1:]):
+            _encode_masked(masked[first:stop], log_probs, loss_masks, lengths, stored, counts, defects)
     if members:
         arrays = stored if len(members) == n_members else [stored[i] for i in members]
         sizes = lengths if len(members) == n_members else lengths[members]
@@ -226,6 +200,52 @@ def prepare_many(
     return stored, counts, defects
 
 
+def _encode_masked(
+    masked: list[int],
+    log_probs: Sequence[np.ndarray],
+    loss_masks: Sequence[np.ndarray | None],
+    lengths: np.ndarray,
+    stored: list[np.ndarray],
+    counts: list[int],
+    defects: list[tuple[str, str] | None],
+) -> None:
+    """:func:`prepare` of the members ``masked`` (non-empty, each with a mask), into ``stored``, ``counts`` and
+    ``defects`` (indexed like ``log_probs``)."""
+    arrays = [log_probs[i] for i in masked]
+    given = [loss_masks[i] for i in masked]
+    values = np.concatenate(arrays)
+    keep = np.concatenate(given, dtype=np.int32)  # 1 on the model's tokens
+    starts, ends = _segments(lengths[masked])
+    model_tokens = np.add.reduceat(keep, starts, dtype=np.int32).tolist()  # (int64 would cast every one)
+    ends_on_model = keep[ends - 1].tolist()
+    # The bounds on every token: the masked ones hold log-probs as well (the trainer's pass computes them), so a
+    # member within them has its model tokens within them; one that is not is looked at token by token below.
+    rough = _bounds_ok(values, starts)
+    # The encoding, in place, in the one copy of the members' log-probs, on their bits (whole-array integer
+    # operations, where a boolean assignment costs several times as much): all bits set on the masked tokens, then
+    # flipped to MASKED_LOG_PROB's.
+    np.subtract(keep, 1, out=keep)  # 0 on the model's tokens, all bits set on the masked ones
+    bits = values.view(np.int32)
+    np.bitwise_or(bits, keep, out=bits)
+    np.bitwise_and(keep, ~_MASKED_BITS, out=keep)
+    np.bitwise_xor(bits, keep, out=bits)
+    for k, (i, a, m, start, end) in enumerate(zip(masked, arrays, given, starts.tolist(), ends.tolist())):
+        n, model = end - start, model_tokens[k]
+        if model == n:  # all ones: no mask (prepare stores the array itself)
+            if not rough[k]:
+                defects[i] = log_prob_defect(a)
+            continue
+        if model == 0:
+            defects[i] = (INCONSISTENT, _NO_MODEL_TOKEN)
+        elif not ends_on_model[k]:
+            defects[i] = (TRUNCATED, _ENDS_MASKED)
+        elif not rough[k]:
+            defects[i] = log_prob_defect(a[m])  # type: ignore[index]
+        stored[i], counts[i] = values[start:end], n - model
+
+
+#: masked members' tokens per block of prepare_many's passes (~10 passes over 4-byte values: 256 KB a block)
+_MASKED_BLOCK_TOKENS = 1 << 16
 #: the bits of MASKED_LOG_PROB, as an int32 (OR-ed into the bits of a 0.0)
 _MASKED_BITS = MASKED_LOG_PROB.view(np.int32)
 
