@@ -17,6 +17,7 @@ The price of populating at creation is that the collect call that opens a chunk 
 from __future__ import annotations
 
 import mmap
+from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 from operator import is_
@@ -142,13 +143,19 @@ class ArenaStorage(TokenStorage):
 
     # ------------------------------------------------------------------ staging
     def stage(self, log_probs: Sequence[np.ndarray], lengths: np.ndarray | None = None) -> np.ndarray | None:
-        # Where put_many puts entries that fit at the open chunk's tail: there, one after the other.
+        # Where put_many puts entries that fit at the open chunk's tail: there, one after the other; the first ones
+        # that fit, when not all do (put_many opens or finds another chunk for the others).
         self.unstage()
         c = self._open
         sizes = list(map(len, log_probs)) if lengths is None else lengths.tolist()
-        total = sum(sizes)
-        if c < 0 or not total or self._room(c) < total:
+        if c < 0 or not sizes:
             return None
+        room = self._room(c)
+        ends = list(accumulate(sizes))
+        n = bisect_right(ends, room)  # the entries that fit
+        if not n or not ends[n - 1]:
+            return None
+        log_probs, sizes, total = log_probs[:n], sizes[:n], ends[n - 1]
         off = self._used[c]
         lps = self._lps[c]
         view = lps[off : off + total]  # type: ignore[index]

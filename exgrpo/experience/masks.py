@@ -165,8 +165,7 @@ def prepare_many(
         loss_masks = [None] * n_members
         if lengths.all():  # the common call: no mask, no empty array
             if n_members:
-                staged = None if stage is None else stage(stored, lengths)
-                valid = _bounds_ok(staged if staged is not None else np.concatenate(stored), _segments(lengths)[0])
+                valid = _staged_bounds(stored, lengths, stage)
                 if not all(valid):
                     for i in compress(range(n_members), map(not_, valid)):
                         defects[i] = log_prob_defect(stored[i])
@@ -186,17 +185,12 @@ def prepare_many(
     if members:
         arrays = stored if len(members) == n_members else [stored[i] for i in members]
         sizes = lengths if len(members) == n_members else lengths[members]
-        staged = None if stage is None else stage(arrays, sizes)  # type: ignore[arg-type]
-        if len(masked) < len(members):  # the bounds of the members without a mask
-            if staged is not None:  # every member's stored log-probs, where the storage put them
-                invalid = compress(members, map(not_, _bounds_ok(staged, _segments(sizes)[0])))
-            else:
-                plain = [i for i in members if loss_masks[i] is None]
-                own = [log_probs[i] for i in plain]
-                invalid = compress(plain, map(not_, _bounds_ok(np.concatenate(own), _segments(lengths[plain])[0])))
-            for i in invalid:
+        if len(masked) < len(members):  # the bounds of the members without a mask (and the staging)
+            for i in compress(members, map(not_, _staged_bounds(arrays, sizes, stage))):  # type: ignore[arg-type]
                 if loss_masks[i] is None:  # (a masked member's NaNs fail the bounds: it was looked at above)
                     defects[i] = log_prob_defect(log_probs[i])
+        elif stage is not None:
+            stage(arrays, sizes)  # type: ignore[arg-type]
     return stored, counts, defects
 
 
@@ -258,6 +252,20 @@ def _segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The starts and ends of consecutive segments of ``lengths`` tokens."""
     ends = np.cumsum(lengths)
     return ends - lengths, ends
+
+
+def _staged_bounds(
+    arrays: list[np.ndarray], lengths: np.ndarray, stage: Callable[..., np.ndarray | None] | None
+) -> list[bool]:
+    """:func:`_bounds_ok` of each of ``arrays`` (non-empty): read where ``stage`` writes them (for the first ones, or
+    all), the others from a copy of their own."""
+    starts, ends = _segments(lengths)
+    staged = None if stage is None else stage(arrays, lengths)
+    n = 0 if staged is None else int(np.searchsorted(ends, staged.shape[0], side="right"))
+    valid = _bounds_ok(staged, starts[:n]) if n else []
+    if n < len(arrays):
+        valid += _bounds_ok(np.concatenate(arrays[n:]), starts[n:] - starts[n])
+    return valid
 
 
 def _bounds_ok(values: np.ndarray, starts: np.ndarray) -> list[bool]:

@@ -119,7 +119,8 @@ class TokenStorage(abc.ABC):
         """Write the log-probs of the entries that the next ``put_many`` calls are expected to store (non-empty
         arrays, in the order they will come; ``lengths``: theirs, when the caller has them) where those calls would
         put them, and return them there, concatenated (a view for the caller to read before the storage changes);
-        None where the layout cannot (the default).
+        the layout may stage a first part of them only (the view says how many tokens), and None where it stages
+        none (the default).
 
         Nothing observable changes: the place is free space. ``put_many`` skips the copy of log-probs it finds
         staged in place (the same arrays, in the same order, where it puts them) and copies everything else as
