@@ -38,6 +38,10 @@ save + load < 10 s.
     python benchmarks/pool_scale.py --baseline none       # this checkout only
     python benchmarks/pool_scale.py --baseline none --tool-share 0.5   # half the pool multi-turn
     python benchmarks/pool_scale.py --trajectories 50000 --layouts arena --baseline eb47d55 --tool-share 0,0.5
+
+On a busy machine a column's figures depend on what else ran while it was built; ``--repeat N`` builds every column
+N times, round-robin (each repeat in another order), and reports the median over the repeats of the collect rows,
+with each repeat's median in a row of its own (the builds after the first stop after collecting).
 """
 
 from __future__ import annotations
@@ -203,6 +207,9 @@ def run_layout(args: argparse.Namespace) -> dict:
         rss_bytes_per_token=(rss_bytes() - rss0) / tokens,
     )
 
+    if args.collect_only:  # a repeat of the build, for the collect figures
+        return out
+
     # ---- sampling + candidate assembly (the trainer's per-step path, without the model's entropy pass)
     sampler = BucketSampler(args.k, seed=args.seed)
     all_q = pool.question_ids()
@@ -355,12 +362,16 @@ def mask_encodings(pool, cands) -> dict:
     }
 
 
+#: the rows a ``--repeat`` reports as the median over the repeats
+COLLECT_KEYS = ("collect_ms_median", "collect_ms_mean", "collect_ms_p95", "insert_traj_per_s", "insert_mtok_per_s")
+
 ROWS = [
     ("trajectories", "trajectories stored", "{:,.0f}"),
     ("questions", "questions with trajectories", "{:,.0f}"),
     ("tokens", "response tokens stored", "{:,.0f}"),
     ("tool_token_share", "share of stored tokens that are tool tokens (mask 0)", "{:.3f}"),
     ("collect_ms_median", "collect of 128 groups: median ms  [< 5]", "{:.2f}"),
+    ("collect_ms_medians", "  the median of each repeat, ms", "{}"),
     ("collect_ms_mean", "collect of 128 groups: mean ms", "{:.2f}"),
     ("collect_ms_p95", "collect of 128 groups: p95 ms", "{:.2f}"),
     ("collect_mb_per_step", "collect: MB of new tokens per step", "{:.2f}"),
@@ -424,6 +435,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temp dir)")
     ap.add_argument("--keep-files", action="store_true")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="build every column this many times, round-robin (a busy machine): the collect figures are the median "
+        "over the repeats, the other rows the first repeat's",
+    )
+    ap.add_argument("--collect-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--impl", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -446,33 +465,51 @@ def main() -> None:
         columns.append(("after" + (f", tools {share:g}" if len(shares) > 1 else ""), None, share))
     results = []
     for layout in args.layouts.split(","):
-        for tag, impl, share in columns:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
-            for name in (
-                "trajectories",
-                "mean_len",
-                "len_spread",
-                "k",
-                "batch",
-                "replay_ratio",
-                "groups_per_step",
-                "draw_steps",
-                "churn",
-                "tool_calls",
-                "tool_len",
-                "seed",
-            ):
-                cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-            cmd += ["--tool-share", str(share)]
-            if impl:
-                cmd += ["--impl", impl]
-            if args.keep_files:
-                cmd.append("--keep-files")
-            print(f"[pool_scale] {layout}, {tag}: building {args.trajectories:,} trajectories ...", flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"[pool_scale] {layout}, {tag} failed:\n{proc.stderr[-3000:]}")
-            results.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "column": f"{layout} {tag}"})
+        runs: list[list[dict]] = [[] for _ in columns]
+        for r in range(args.repeat):
+            # each repeat in another order of the columns, so that a drift of the machine's load spreads over them
+            for c in [(r + i) % len(columns) for i in range(len(columns))]:
+                tag, impl, share = columns[c]
+                cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
+                for name in (
+                    "trajectories",
+                    "mean_len",
+                    "len_spread",
+                    "k",
+                    "batch",
+                    "replay_ratio",
+                    "groups_per_step",
+                    "draw_steps",
+                    "churn",
+                    "tool_calls",
+                    "tool_len",
+                    "seed",
+                ):
+                    cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+                cmd += ["--tool-share", str(share)]
+                if impl:
+                    cmd += ["--impl", impl]
+                if args.keep_files:
+                    cmd.append("--keep-files")
+                if r:
+                    cmd.append("--collect-only")
+                print(
+                    f"[pool_scale] {layout}, {tag}: building {args.trajectories:,} trajectories"
+                    + (f" (repeat {r + 1} of {args.repeat})" if args.repeat > 1 else "")
+                    + " ...",
+                    flush=True,
+                )
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"[pool_scale] {layout}, {tag} failed:\n{proc.stderr[-3000:]}")
+                runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        for (tag, _, _), repeats in zip(columns, runs, strict=True):
+            out = {**repeats[0], "column": f"{layout} {tag}"}
+            if len(repeats) > 1:  # the collect figures: the median over the repeats
+                for key in COLLECT_KEYS:
+                    out[key] = float(np.median([x[key] for x in repeats]))
+                out["collect_ms_medians"] = " / ".join(f"{x['collect_ms_median']:.2f}" for x in repeats)
+            results.append(out)
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -480,6 +517,7 @@ def main() -> None:
     print(
         f"python benchmarks/pool_scale.py --trajectories {args.trajectories} --mean-len {args.mean_len} "
         f"--len-spread {args.len_spread} --baseline {args.baseline}"
+        + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
         + (
             f" --tool-share {args.tool_share} --tool-calls {args.tool_calls} --tool-len {args.tool_len}"
             if any(shares)
