@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import mmap
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from operator import is_
 
 import numpy as np
 
-from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, TokenStorage
+from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, STAGE_BLOCK_TOKENS, TokenStorage
 
 __all__ = ["ArenaStorage", "fresh_array"]
 
@@ -142,7 +142,12 @@ class ArenaStorage(TokenStorage):
             i = j
 
     # ------------------------------------------------------------------ staging
-    def stage(self, log_probs: Sequence[np.ndarray], lengths: np.ndarray | None = None) -> np.ndarray | None:
+    def stage(
+        self,
+        log_probs: Sequence[np.ndarray],
+        lengths: np.ndarray | None = None,
+        check: Callable[[int, int, np.ndarray], None] | None = None,
+    ) -> np.ndarray | None:
         # Where put_many puts entries that fit at the open chunk's tail: there, one after the other; the first ones
         # that fit, when not all do (put_many opens or finds another chunk for the others).
         self.unstage()
@@ -159,7 +164,17 @@ class ArenaStorage(TokenStorage):
         off = self._used[c]
         lps = self._lps[c]
         view = lps[off : off + total]  # type: ignore[index]
-        np.concatenate(log_probs, out=view)
+        if check is None:
+            np.concatenate(log_probs, out=view)
+        else:  # block by block, each checked right after it is written (while the cache holds it)
+            first = 0
+            while first < n:
+                base = ends[first - 1] if first else 0
+                stop = max(first + 1, bisect_right(ends, base + STAGE_BLOCK_TOKENS, first, n))
+                written = view[base : ends[stop - 1]]
+                np.concatenate(log_probs[first:stop], out=written)
+                check(first, stop, written)
+                first = stop
         self._staged = (lps, list(log_probs), list(accumulate(sizes[:-1], initial=off)))
         self._staged_next = 0
         return view

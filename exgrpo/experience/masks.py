@@ -258,14 +258,21 @@ def _staged_bounds(
     arrays: list[np.ndarray], lengths: np.ndarray, stage: Callable[..., np.ndarray | None] | None
 ) -> list[bool]:
     """:func:`_bounds_ok` of each of ``arrays`` (non-empty): read where ``stage`` writes them (for the first ones, or
-    all), the others from a copy of their own."""
+    all; block by block, while the cache holds them), the others from a copy of their own."""
     starts, ends = _segments(lengths)
-    staged = None if stage is None else stage(arrays, lengths)
+    hi = np.empty(len(arrays), dtype=np.float32)
+    lo = np.empty(len(arrays), dtype=np.float32)
+
+    def check(first: int, stop: int, written: np.ndarray) -> None:
+        at = starts[first:stop] - starts[first]
+        np.maximum.reduceat(written, at, out=hi[first:stop])
+        np.minimum.reduceat(written, at, out=lo[first:stop])
+
+    staged = None if stage is None else stage(arrays, lengths, check)
     n = 0 if staged is None else int(np.searchsorted(ends, staged.shape[0], side="right"))
-    valid = _bounds_ok(staged, starts[:n]) if n else []
     if n < len(arrays):
-        valid += _bounds_ok(np.concatenate(arrays[n:]), starts[n:] - starts[n])
-    return valid
+        check(n, len(arrays), np.concatenate(arrays[n:]))
+    return ((hi <= MAX_LOG_PROB) & (lo > -np.inf)).tolist()
 
 
 def _bounds_ok(values: np.ndarray, starts: np.ndarray) -> list[bool]:

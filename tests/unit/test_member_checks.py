@@ -150,16 +150,22 @@ def test_prepare_and_prepare_many_match_the_per_member_definition(monkeypatch, s
     subsets += [sorted(rng.choice(len(lps), int(rng.integers(1, 6)), replace=False).tolist()) for _ in range(20)]
     staged = []
 
-    def stage(arrays, lengths):  # a storage that stages: the checks read its copy
+    def stage(arrays, lengths, check=None):  # a storage that stages (in blocks of three): the checks read its copy
         assert lengths.tolist() == [len(a) for a in arrays]
         staged.append(arrays)
-        return np.concatenate(arrays)
+        return stage_part(arrays, lengths, check, len(arrays))
 
-    def stage_part(arrays, lengths):  # one that has room for the first half only
-        return np.concatenate(arrays[: (len(arrays) + 1) // 2])
+    def stage_part(arrays, lengths, check=None, n=None):  # one that has room for the first half only
+        n = (len(arrays) + 1) // 2 if n is None else n
+        written = np.concatenate(arrays[:n])
+        ends = np.cumsum(lengths)
+        for first in range(0, n, 3) if check is not None else ():
+            stop = min(first + 3, n)
+            check(first, stop, written[ends[first] - lengths[first] : ends[stop - 1]])
+        return written
 
     for subset in subsets:
-        for how in (None, stage, stage_part, lambda arrays, lengths: None):
+        for how in (None, stage, stage_part, lambda arrays, lengths, check=None: None):
             staged.clear()
             columns = masks.prepare_many([lps[i] for i in subset], [mks[i] for i in subset], stage=how)
             found = list(zip(*columns, strict=True))
