@@ -473,7 +473,7 @@ class CollectionRules:
             else:
                 stored, masked = columns.stored_log_probs[start:stop], columns.masked[start:stop]
                 lengths = columns.lengths[start:stop]
-                return self._rows(qid, ids, stored, masked, members, step, stats, lengths)  # type: ignore[arg-type]
+                return self._new_entries(qid, ids, stored, masked, members, step, stats, lengths)  # type: ignore[arg-type]
         arrays, fit = [], []
         for j, m in enumerate(members):
             a = None if prepared is None else prepared[0].arrays(prepared[1] + j)
@@ -494,9 +494,11 @@ class CollectionRules:
             else:
                 raise ValueError(f"question {qid!r}: unknown member defect {defect!r}; expected one of {masks.DEFECTS}")
         ids = [a.token_ids for a in arrays]
-        return self._rows(qid, ids, [a.stored_log_probs for a in arrays], [a.masked for a in arrays], fit, step, stats)
+        return self._new_entries(
+            qid, ids, [a.stored_log_probs for a in arrays], [a.masked for a in arrays], fit, step, stats
+        )
 
-    def _rows(
+    def _new_entries(
         self,
         qid: QuestionId,
         ids: Sequence[np.ndarray],

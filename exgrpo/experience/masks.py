@@ -38,6 +38,7 @@ __all__ = [
     "encode",
     "log_prob_defect",
     "prepare",
+    "prepare_many",
     "trajectory_defect",
 ]
 
@@ -138,7 +139,7 @@ def prepare_many(
     log_probs: Sequence[np.ndarray],
     loss_masks: Sequence[np.ndarray | None] | None,
     *,
-    stage: Callable[[list[np.ndarray], np.ndarray], np.ndarray | None] | None = None,
+    stage: Callable[..., np.ndarray | None] | None = None,
     lengths: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], list[int], list[tuple[str, str] | None]]:
     """:func:`prepare` of many members at once, column by column: per member the same stored log-probs, masked
@@ -152,8 +153,10 @@ def prepare_many(
     that holds the encoded log-probs of all the masked members.
 
     ``stage``: a token storage's :meth:`~exgrpo.experience.storage.TokenStorage.stage`, given the stored log-probs
-    of the non-empty members in order (and their lengths); the checks then read them where it wrote them (instead of
-    a copy of their own), and a store that finds them there in place does not copy them again.
+    of the non-empty members in order, their lengths and the check of their bounds, which it calls on each block it
+    writes; the checks then read them where it wrote them (instead of a copy of their own), and a store that finds
+    them there in place does not copy them again. The masked members' log-probs are checked and encoded in blocks
+    of :data:`_MASKED_BLOCK_TOKENS` tokens.
     """
     n_members = len(log_probs)
     stored = list(log_probs)  # per member what is stored: its own array, or (below) its encoded log-probs
@@ -240,7 +243,7 @@ def _encode_masked(
 
 #: masked members' tokens per block of prepare_many's passes (~10 passes over 4-byte values: 256 KB a block)
 _MASKED_BLOCK_TOKENS = 1 << 16
-#: the bits of MASKED_LOG_PROB, as an int32 (OR-ed into the bits of a 0.0)
+#: the bits of MASKED_LOG_PROB, as an int32
 _MASKED_BITS = MASKED_LOG_PROB.view(np.int32)
 
 

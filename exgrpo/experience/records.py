@@ -27,12 +27,12 @@ __all__ = [
     "Group",
     "GroupMember",
     "MemberArrays",
+    "MemberColumns",
     "QuestionId",
     "as_member_arrays",
     "is_success",
     "member_arrays",
     "member_arrays_many",
-    "MemberColumns",
 ]
 
 #: why a member is not stored (``GroupMember.defect``, ``exgrpo.experience.masks``): ``inconsistent`` (its loss mask
@@ -225,7 +225,7 @@ def member_arrays_many(
     qids: Sequence[QuestionId],
     members: Sequence[Any],
     *,
-    stage: Callable[[list[np.ndarray]], np.ndarray | None] | None = None,
+    stage: Callable[..., np.ndarray | None] | None = None,
 ) -> MemberColumns:
     """:func:`member_arrays` of many members (``GroupMember``; ``qids``: each one's question), with the log-probs and
     masks of all of them checked and encoded together (:func:`~exgrpo.experience.masks.prepare_many`: a constant
