@@ -27,6 +27,8 @@ model's turns. Their mask is stored inside the float32 log-prob column (NaN on m
 docs/experience.md), and the run also measures, on the same pool and the same per-step candidates, what the two
 other encodings would cost: a bit-packed mask column (one bit per token) and run lengths (one int32 per run), in
 bytes per token and in decode time per step (the sentinel's decode is part of "draw + candidates").
+``--tool-share 0,0.5`` measures each share in a column of its own, side by side in one run (with a ``--baseline``,
+the baseline's column is the share 0 one).
 
 Targets: collect median < 5 ms per step, <= 8.5 bytes per stored token, sampling + assembly < 5 ms,
 save + load < 10 s.
@@ -35,6 +37,11 @@ save + load < 10 s.
     python benchmarks/pool_scale.py --trajectories 20000  # a quick run
     python benchmarks/pool_scale.py --baseline none       # this checkout only
     python benchmarks/pool_scale.py --baseline none --tool-share 0.5   # half the pool multi-turn
+    python benchmarks/pool_scale.py --trajectories 50000 --layouts arena --baseline eb47d55 --tool-share 0,0.5
+
+On a busy machine a column's figures depend on what else ran while it was built; ``--repeat N`` builds every column
+N times, round-robin (each repeat in another order), and reports the median over the repeats of the collect rows,
+with each repeat's median in a row of its own (the builds after the first stop after collecting).
 """
 
 from __future__ import annotations
@@ -64,9 +71,17 @@ BASELINE_REV = "6e59e2e2707e7563fea5af8e20398f308cf09fff"
 
 
 def import_experience(impl: str | None) -> ModuleType:
-    """``exgrpo.experience`` of this checkout (``impl`` None) or of the source tree at ``impl``."""
-    sys.path.insert(0, impl or REPO)
-    return importlib.import_module("exgrpo.experience")
+    """``exgrpo.experience`` of this checkout (``impl`` None) or of the source tree at ``impl``; SystemExit when the
+    package comes from anywhere else (an installed copy found first would measure the wrong code). Only the
+    package's own names are used (``exgrpo.experience``'s exports, which every measured revision has), never a module
+    path inside it: modules were renamed since the default baseline (``writer`` -> ``collection``, ``pool`` ->
+    ``experience_pool``)."""
+    root = os.path.realpath(impl or REPO)
+    sys.path.insert(0, root)
+    module = importlib.import_module("exgrpo.experience")
+    if not os.path.realpath(module.__file__).startswith(os.path.join(root, "exgrpo") + os.sep):
+        sys.exit(f"[pool_scale] exgrpo.experience came from {module.__file__}, not from {root}")
+    return module
 
 
 def extract_baseline(rev: str, workdir: str) -> str:
@@ -192,6 +207,9 @@ def run_layout(args: argparse.Namespace) -> dict:
         rss_bytes_per_token=(rss_bytes() - rss0) / tokens,
     )
 
+    if args.collect_only:  # a repeat of the build, for the collect figures
+        return out
+
     # ---- sampling + candidate assembly (the trainer's per-step path, without the model's entropy pass)
     sampler = BucketSampler(args.k, seed=args.seed)
     all_q = pool.question_ids()
@@ -213,6 +231,7 @@ def run_layout(args: argparse.Namespace) -> dict:
         out["candidates_per_step"] = cand_tokens / args.draw_steps
     if args.tool_share:
         out.update(mask_encodings(pool, cands))
+    out["tool_share_asked"] = args.tool_share
     t = time.perf_counter()
     for _ in range(args.draw_steps):
         sampler.draw(pool, n_replay, exclude=fresh)
@@ -343,12 +362,16 @@ def mask_encodings(pool, cands) -> dict:
     }
 
 
+#: the rows a ``--repeat`` reports as the median over the repeats
+COLLECT_KEYS = ("collect_ms_median", "collect_ms_mean", "collect_ms_p95", "insert_traj_per_s", "insert_mtok_per_s")
+
 ROWS = [
     ("trajectories", "trajectories stored", "{:,.0f}"),
     ("questions", "questions with trajectories", "{:,.0f}"),
     ("tokens", "response tokens stored", "{:,.0f}"),
     ("tool_token_share", "share of stored tokens that are tool tokens (mask 0)", "{:.3f}"),
     ("collect_ms_median", "collect of 128 groups: median ms  [< 5]", "{:.2f}"),
+    ("collect_ms_medians", "  the median of each repeat, ms", "{}"),
     ("collect_ms_mean", "collect of 128 groups: mean ms", "{:.2f}"),
     ("collect_ms_p95", "collect of 128 groups: p95 ms", "{:.2f}"),
     ("collect_mb_per_step", "collect: MB of new tokens per step", "{:.2f}"),
@@ -402,55 +425,91 @@ def main() -> None:
         help="git revision whose exgrpo package is measured as 'before' (default: before the component split); "
         "'none' to measure this checkout only",
     )
-    ap.add_argument("--tool-share", type=float, default=0.0, help="share of trajectories with tool outputs (mask 0)")
+    ap.add_argument(
+        "--tool-share",
+        default="0",
+        help="share of trajectories with tool outputs (mask 0); several, comma-separated: a column each",
+    )
     ap.add_argument("--tool-calls", type=int, default=2, help="tool outputs per multi-turn trajectory")
     ap.add_argument("--tool-len", type=int, default=200, help="tokens per tool output")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temp dir)")
     ap.add_argument("--keep-files", action="store_true")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="build every column this many times, round-robin (a busy machine): the collect figures are the median "
+        "over the repeats, the other rows the first repeat's",
+    )
+    ap.add_argument("--collect-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--impl", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
+        args.tool_share = float(args.tool_share)
         print(json.dumps(run_layout(args)))
         return
+    shares = [float(x) for x in args.tool_share.split(",")]
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="pool_scale-")
-    impls: list[tuple[str, str | None]] = [("after", None)]
-    if args.tool_share and args.baseline != "none":
-        sys.exit("[pool_scale] --tool-share needs --baseline none (the baseline stores no loss masks)")
+    # (tag, source tree or None for this checkout, tool share): the baseline stores no loss masks, so its column has
+    # none; with several shares, each of this checkout's columns says its share
+    columns: list[tuple[str, str | None, float]] = []
     if args.baseline != "none":
-        impls.insert(0, (f"before ({args.baseline[:7]})", extract_baseline(args.baseline, workdir)))
+        if 0.0 not in shares:
+            sys.exit("[pool_scale] a --tool-share without 0 needs --baseline none (the baseline stores no loss masks)")
+        columns.append((f"before ({args.baseline[:7]})", extract_baseline(args.baseline, workdir), 0.0))
+    for share in shares:
+        columns.append(("after" + (f", tools {share:g}" if len(shares) > 1 else ""), None, share))
     results = []
     for layout in args.layouts.split(","):
-        for tag, impl in impls:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
-            for name in (
-                "trajectories",
-                "mean_len",
-                "len_spread",
-                "k",
-                "batch",
-                "replay_ratio",
-                "groups_per_step",
-                "draw_steps",
-                "churn",
-                "tool_share",
-                "tool_calls",
-                "tool_len",
-                "seed",
-            ):
-                cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-            if impl:
-                cmd += ["--impl", impl]
-            if args.keep_files:
-                cmd.append("--keep-files")
-            print(f"[pool_scale] {layout}, {tag}: building {args.trajectories:,} trajectories ...", flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"[pool_scale] {layout}, {tag} failed:\n{proc.stderr[-3000:]}")
-            results.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "column": f"{layout} {tag}"})
+        runs: list[list[dict]] = [[] for _ in columns]
+        for r in range(args.repeat):
+            # each repeat in another order of the columns, so that a drift of the machine's load spreads over them
+            for c in [(r + i) % len(columns) for i in range(len(columns))]:
+                tag, impl, share = columns[c]
+                cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
+                for name in (
+                    "trajectories",
+                    "mean_len",
+                    "len_spread",
+                    "k",
+                    "batch",
+                    "replay_ratio",
+                    "groups_per_step",
+                    "draw_steps",
+                    "churn",
+                    "tool_calls",
+                    "tool_len",
+                    "seed",
+                ):
+                    cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+                cmd += ["--tool-share", str(share)]
+                if impl:
+                    cmd += ["--impl", impl]
+                if args.keep_files:
+                    cmd.append("--keep-files")
+                if r:
+                    cmd.append("--collect-only")
+                print(
+                    f"[pool_scale] {layout}, {tag}: building {args.trajectories:,} trajectories"
+                    + (f" (repeat {r + 1} of {args.repeat})" if args.repeat > 1 else "")
+                    + " ...",
+                    flush=True,
+                )
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"[pool_scale] {layout}, {tag} failed:\n{proc.stderr[-3000:]}")
+                runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        for (tag, _, _), repeats in zip(columns, runs, strict=True):
+            out = {**repeats[0], "column": f"{layout} {tag}"}
+            if len(repeats) > 1:  # the collect figures: the median over the repeats
+                for key in COLLECT_KEYS:
+                    out[key] = float(np.median([x[key] for x in repeats]))
+                out["collect_ms_medians"] = " / ".join(f"{x['collect_ms_median']:.2f}" for x in repeats)
+            results.append(out)
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -458,9 +517,10 @@ def main() -> None:
     print(
         f"python benchmarks/pool_scale.py --trajectories {args.trajectories} --mean-len {args.mean_len} "
         f"--len-spread {args.len_spread} --baseline {args.baseline}"
+        + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
         + (
             f" --tool-share {args.tool_share} --tool-calls {args.tool_calls} --tool-len {args.tool_len}"
-            if args.tool_share
+            if any(shares)
             else ""
         )
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import REPO, argument_parser, extract_baseline, git_revision, host  # noqa: E402
+from benchmarks.common import REPO, argument_parser, extract_baseline, git_revision, host, run_stoppable  # noqa: E402
 
 #: "before": the last commit before the sandbox confined reads, metadata, IPC and other processes
 BASELINE_REV = "16cc451"
@@ -125,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_stoppable(main, "sandbox_cost"))

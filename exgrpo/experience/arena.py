@@ -17,11 +17,14 @@ The price of populating at creation is that the collect call that opens a chunk 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from operator import is_
 
 import numpy as np
 
-from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, TokenStorage
+from exgrpo.experience.storage import DEFAULT_CHUNK_TOKENS, STAGE_BLOCK_TOKENS, TokenStorage
 
 __all__ = ["ArenaStorage", "fresh_array"]
 
@@ -61,6 +64,7 @@ class ArenaStorage(TokenStorage):
         self._offset = np.zeros(0, dtype=np.int64)
         self._length = np.zeros(0, dtype=np.int32)
         self._open = -1  # chunk tried first for the next entry
+        self.unstage()
 
     def resize(self, capacity: int) -> None:
         old = self._chunk.shape[0]
@@ -120,11 +124,15 @@ class ArenaStorage(TokenStorage):
             j = int(np.searchsorted(ends, base + self._room(c), side="right"))  # entries i..j-1 fit
             off, total = self._used[c], int(ends[j - 1]) - base
             dst_ids, dst_lps = self._ids[c][off : off + total], self._lps[c][off : off + total]  # type: ignore[index]
+            staged = self._staged_in_place(c, off, lps, i, j)
             if j - i == 1:
-                dst_ids[:], dst_lps[:] = ids[i], lps[i]
+                dst_ids[:] = ids[i]
+                if not staged:
+                    dst_lps[:] = lps[i]
             else:
                 np.concatenate(ids[i:j], out=dst_ids)
-                np.concatenate(lps[i:j], out=dst_lps)
+                if not staged:
+                    np.concatenate(lps[i:j], out=dst_lps)
             run = slots[i:j]
             self._chunk[run] = c
             self._offset[run] = off + (ends[i:j] - lengths[i:j] - base)
@@ -132,6 +140,66 @@ class ArenaStorage(TokenStorage):
             self._used[c] += total
             self._live[c] += total
             i = j
+
+    # ------------------------------------------------------------------ staging
+    def stage(
+        self,
+        log_probs: Sequence[np.ndarray],
+        lengths: np.ndarray | None = None,
+        check: Callable[[int, int, np.ndarray], None] | None = None,
+    ) -> np.ndarray | None:
+        # Where put_many puts entries that fit at the open chunk's tail: there, one after the other; the first ones
+        # that fit, when not all do (put_many opens or finds another chunk for the others).
+        self.unstage()
+        c = self._open
+        sizes = list(map(len, log_probs)) if lengths is None else lengths.tolist()
+        if c < 0 or not sizes:
+            return None
+        room = self._room(c)
+        ends = list(accumulate(sizes))
+        n = bisect_right(ends, room)  # the entries that fit
+        if not n or not ends[n - 1]:
+            return None
+        log_probs, sizes, total = log_probs[:n], sizes[:n], ends[n - 1]
+        off = self._used[c]
+        lps = self._lps[c]
+        view = lps[off : off + total]  # type: ignore[index]
+        if check is None:
+            np.concatenate(log_probs, out=view)
+        else:  # block by block, each checked right after it is written (while the cache holds it)
+            first = 0
+            while first < n:
+                base = ends[first - 1] if first else 0
+                stop = max(first + 1, bisect_right(ends, base + STAGE_BLOCK_TOKENS, first, n))
+                written = view[base : ends[stop - 1]]
+                np.concatenate(log_probs[first:stop], out=written)
+                check(first, stop, written)
+                first = stop
+        self._staged = (lps, list(log_probs), list(accumulate(sizes[:-1], initial=off)))
+        self._staged_next = 0
+        return view
+
+    def unstage(self) -> None:
+        self._staged: tuple[np.ndarray, list[np.ndarray], list[int]] | None = None
+        self._staged_next = 0
+
+    def _staged_in_place(self, c: int, off: int, lps: Sequence[np.ndarray], i: int, j: int) -> bool:
+        """Whether entries i..j-1 of a put_many, placed at chunk ``c`` from ``off`` on, are the next staged ones:
+        then their log-probs are there already. Any other placement forgets the staging (it may write over it)."""
+        if self._staged is None:
+            return False
+        chunk, arrays, offsets = self._staged
+        k = self._staged_next
+        if (
+            self._lps[c] is chunk
+            and k + (j - i) <= len(arrays)
+            and offsets[k] == off
+            and all(map(is_, lps[i:j], arrays[k : k + (j - i)]))
+        ):
+            self._staged_next = k + (j - i)
+            return True
+        self.unstage()
+        return False
 
     def view(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         c = int(self._chunk[slot])
@@ -185,6 +253,7 @@ class ArenaStorage(TokenStorage):
 
     def load_batch(self, slots: np.ndarray, lengths: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> None:
         # One saved batch becomes one chunk (batches are cut at <= chunk_tokens on save when possible).
+        self.unstage()
         total = int(lengths.sum())
         c = self._new_chunk(total)
         self._ids[c][:total] = ids  # type: ignore[index]

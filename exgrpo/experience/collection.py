@@ -21,19 +21,63 @@ way: retirement, ``collect_from``, the ``zero_success`` rule, the bounds, dedup,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from exgrpo.experience import masks
 from exgrpo.experience.buckets import BucketIndex
 from exgrpo.experience.entries import EntryBatch, EntryTable
-from exgrpo.experience.records import CollectStats, Group, GroupMember, MemberArrays, QuestionId, member_arrays
+from exgrpo.experience.records import (
+    CollectStats,
+    Group,
+    GroupMember,
+    MemberArrays,
+    MemberColumns,
+    QuestionId,
+    member_arrays,
+    member_arrays_many,
+)
 from exgrpo.experience.storage import TokenStorage
 from exgrpo.modes.base import GroupPlan, RewardMode
 from exgrpo.modes.binary import BinaryMode
 
 __all__ = ["COUNTERS", "CollectionRules"]
+
+#: the arrays of one group's members to store, checked with the call's others: the call's columns, the group's range
+Prepared: TypeAlias = tuple[MemberColumns, int, int]
+
+
+@dataclass(slots=True)
+class NewEntries:
+    """A group's new entries for the EntryBatch, column by column: its question index, their entry ids (reserved),
+    token ids, stored log-probs, rewards and masked-token counts."""
+
+    qi: int
+    entry_ids: range
+    token_ids: list[np.ndarray]
+    log_probs: list[np.ndarray]
+    rewards: list[float]
+    masked: list[int]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def after(self, n: int) -> NewEntries:
+        """All but the first ``n``."""
+        return NewEntries(
+            self.qi,
+            self.entry_ids[n:],
+            self.token_ids[n:],
+            self.log_probs[n:],
+            self.rewards[n:],
+            self.masked[n:],
+        )
+
+
+NO_NEW_ENTRIES = NewEntries(-1, range(0), [], [], [], [])
 
 #: Running totals kept by the writer (logged as ``pool/<name>_total``).
 COUNTERS = ("collected", "duplicates", "evicted", "retired", "unretired", "collect_calls")
@@ -121,9 +165,10 @@ class CollectionRules:
     def store(self, batch: EntryBatch) -> None:
         """Store a batch of new entries (slots, metadata, tokens) and empty it."""
         if len(batch):
-            slots = self.table.allocate(batch)
+            lengths = batch.lengths()
+            slots = self.table.allocate(batch, lengths)
             self.tokens.resize(self.table.capacity)
-            self.tokens.put_many(slots, batch.token_ids, batch.log_probs, batch.lengths())
+            self.tokens.put_many(slots, batch.token_ids, batch.log_probs, lengths)
             batch.clear()
 
     def _free(self, slot: int) -> int:
@@ -238,7 +283,15 @@ class CollectionRules:
 
     # ------------------------------------------------------------------ collection
     def collect(self, step: int, groups: Iterable[Group], *, mixed: bool = True) -> CollectStats:
-        """Apply the collection rules to this step's groups; see :meth:`ExperiencePool.collect`."""
+        """Apply the collection rules to this step's groups; see :meth:`ExperiencePool.collect`.
+
+        In three passes, with the result of applying each group in turn: (1) every group's plan, asked of the mode
+        in order (a question an earlier group of the call retires is ignored from then on, as it would be once
+        retired); (2) the log-probs and masks of every member a plan stores, checked in one vectorised pass
+        (:func:`~exgrpo.experience.masks.prepare_many`; it changes nothing and raises nothing); (3) the plans
+        applied in order. A group that stops the planning (a malformed one) has the groups before it applied
+        before its error is raised, as when one pass did everything.
+        """
         groups = list(groups)
         stats = CollectStats(step=step, groups=len(groups), mode=self.mode, mode_stats=self.mode.new_stats())
         planner = self.mode.planner(
@@ -248,28 +301,79 @@ class CollectionRules:
         self.last_step = step
         retire_only = self.collect_from == "mixed" and not mixed
         stats.skipped = retire_only
+        plans: list[GroupPlan | None] = []  # None: the group of a retired question (nothing done)
+        failure: Exception | None = None
+        retiring: set[QuestionId] = set()  # retired by a plan of this call
+        try:
+            for i, g in enumerate(groups):
+                if g.question_id in self.retired or g.question_id in retiring:
+                    self._check_size(g)
+                    plans.append(None)
+                    continue
+                self._check_size(g)
+                plan = planner(i, g)
+                if plan.retire:
+                    retiring.add(g.question_id)
+                plans.append(plan)
+        except Exception as e:  # the groups planned so far are applied first
+            failure = e
         batch = EntryBatch()
         pending: set[QuestionId] = set()  # questions with entries in ``batch``
         try:
-            for i, g in enumerate(groups):
-                if g.question_id in self.retired:
-                    self._check_size(g)
+            prepared = self._prepare_members(groups, plans, retire_only)
+            for i, plan in enumerate(plans):
+                g = groups[i]
+                if plan is None:
                     stats.ignored_retired += 1
                     continue
                 if g.question_id in pending:  # the same question twice in one call: its first entries first
                     self.store(batch)
                     pending.clear()
-                self._check_size(g)
-                if self._collect_group(g, planner(i, g), step, retire_only, stats, batch):
+                if self._collect_group(g, plan, step, retire_only, stats, batch, prepared.get(i)):
                     pending.add(g.question_id)
         finally:  # also when a later group is malformed: what was decided is stored, the pool stays consistent
-            self.store(batch)
+            try:
+                self.store(batch)
+            finally:
+                self.tokens.unstage()
+        if failure is not None:
+            raise failure
         if self.max_total_tokens is not None and self.table.total_tokens > self.max_total_tokens:
             n, t = self.evict_oldest_until(self.max_total_tokens)
             stats.evicted_entries += n
             stats.evicted_tokens += t
         self.counters["evicted"] += stats.evicted_entries
         return stats
+
+    def _stores(self, plan: GroupPlan, retire_only: bool) -> bool:
+        """Whether applying ``plan`` stages its members (:meth:`_collect_group`'s way to :meth:`_admit`)."""
+        return (
+            not plan.retire and not retire_only and plan.bucket is not None and self.lbound < plan.bucket <= self.rbound
+        )
+
+    def _prepare_members(
+        self, groups: Sequence[Group], plans: Sequence[GroupPlan | None], retire_only: bool
+    ) -> dict[int, Prepared]:
+        """Per group index, the arrays of the members its plan stores (in the plan's order), all checked in one pass
+        (``member_arrays_many``): the call's columns and the group's range in them. A member whose arrays raise an
+        error has none (the third pass raises it where applying the groups one by one would). Empty when anything
+        else is amiss (e.g. a plan naming a member its group lacks): the third pass then meets it in its place."""
+        spans: dict[int, tuple[int, int]] = {}  # group index -> its members' range in ``todo``
+        qids: list[QuestionId] = []
+        todo: list[GroupMember] = []
+        try:
+            for i, plan in enumerate(plans):
+                if plan is not None and self._stores(plan, retire_only):
+                    g = groups[i]
+                    start = len(todo)
+                    members = g.members
+                    todo += [members[index] for index in plan.members]
+                    qids += [g.question_id] * (len(todo) - start)
+                    spans[i] = (start, len(todo))
+        except Exception:
+            return {}
+        columns = member_arrays_many(qids, todo, stage=self.tokens.stage)
+        return {i: (columns, start, stop) for i, (start, stop) in spans.items()}
 
     def _check_size(self, g: Group) -> None:
         if len(g.members) != self.k:
@@ -279,9 +383,17 @@ class CollectionRules:
             )
 
     def _collect_group(
-        self, g: Group, plan: GroupPlan, step: int, retire_only: bool, stats: CollectStats, batch: EntryBatch
+        self,
+        g: Group,
+        plan: GroupPlan,
+        step: int,
+        retire_only: bool,
+        stats: CollectStats,
+        batch: EntryBatch,
+        prepared: Prepared | None = None,
     ) -> bool:
-        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``."""
+        """Apply the mode's ``plan`` for one group; True when it put entries into ``batch``. ``prepared``: the
+        arrays of the members the plan stores (:meth:`_prepare_members`)."""
         qid = g.question_id
         if plan.retire:
             self.retire(qid, step)
@@ -299,7 +411,7 @@ class CollectionRules:
         if not self.lbound < plan.bucket <= self.rbound:
             stats.out_of_range += 1
             return False
-        return self._admit(qid, [g.members[i] for i in plan.members], plan.bucket, step, stats, batch)
+        return self._admit(qid, [g.members[i] for i in plan.members], plan.bucket, step, stats, batch, prepared)
 
     def _admit(
         self,
@@ -309,10 +421,11 @@ class CollectionRules:
         step: int,
         stats: CollectStats,
         batch: EntryBatch,
+        prepared: Prepared | None = None,
     ) -> bool:
         """Stage the new ``fresh`` members (dedup), apply the per-question cap and set the question's bucket; True
         when entries went into ``batch``."""
-        new = self._stage(qid, fresh, step, stats)
+        new = self._stage(qid, fresh, step, stats, prepared)
         stored = len(self.table.slots_of(qid))
         cap = self.max_entries_per_question
         if cap is not None and stored + len(new) > cap:  # evict the oldest: stored ones first, then new ones
@@ -320,28 +433,49 @@ class CollectionRules:
             from_stored = min(over, stored)
             for s in self.table.drop_front(self.table.question_index(qid), from_stored):
                 stats.evicted_tokens += self._free(s)
-            dropped, new = new[: over - from_stored], new[over - from_stored :]  # never stored, ids consumed
-            stats.evicted_tokens += sum(row[2].shape[0] for row in dropped)
+            dropped = over - from_stored  # the oldest new ones: never stored, their ids consumed
+            stats.evicted_tokens += sum(map(len, new.token_ids[:dropped]))
+            new = new.after(dropped)
             stats.evicted_entries += over
             stored -= from_stored
-        for e in new:
-            batch.append(*e)
+        if len(new):
+            batch.extend(new.qi, new.entry_ids, new.token_ids, new.log_probs, new.rewards, step, new.masked)
         if stored + len(new) > 0:
             self.buckets.set(qid, bucket)
             stats.bucket_updates += 1
         else:
             self.buckets.remove(qid)
-        return bool(new)
+        return bool(len(new))
 
     def _stage(
-        self, qid: QuestionId, members: Sequence[GroupMember], step: int, stats: CollectStats
-    ) -> list[tuple[int, int, np.ndarray, np.ndarray, float, int, int]]:
-        """The members to add as EntryBatch rows: checked (a member whose loss mask and log-probs disagree, or whose
-        exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order."""
+        self,
+        qid: QuestionId,
+        members: Sequence[GroupMember],
+        step: int,
+        stats: CollectStats,
+        prepared: Prepared | None = None,
+    ) -> NewEntries:
+        """The members to add to the EntryBatch: checked (a member whose loss mask and log-probs disagree, or whose
+        exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order.
+        ``prepared``: their arrays, checked with the call's others (:meth:`_prepare_members`)."""
+        if prepared is not None:  # the common case, as the loop below takes it: converted, and no defect found
+            columns, start, stop = prepared
+            ids = columns.token_ids[start:stop]
+            for m, i, d in zip(members, ids, columns.defect[start:stop]):
+                if i is None or d is not None or m.defect is not None:
+                    break
+            else:
+                stored, masked = columns.stored_log_probs[start:stop], columns.masked[start:stop]
+                lengths = columns.lengths[start:stop]
+                return self._new_entries(qid, ids, stored, masked, members, step, stats, lengths)  # type: ignore[arg-type]
         arrays, fit = [], []
-        for m in members:
-            a = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
-            defect = m.defect() if callable(m.defect) else m.defect
+        for j, m in enumerate(members):
+            a = None if prepared is None else prepared[0].arrays(prepared[1] + j)
+            if a is None:
+                a = member_arrays(qid, m.token_ids, m.behaviour_log_probs, m.loss_mask)
+            defect = m.defect
+            if defect is not None and callable(defect):  # the trainer's check, asked of a member to store only
+                defect = defect()
             if defect is None and a.defect is not None:
                 defect = a.defect[0]
             if defect is None:
@@ -353,16 +487,46 @@ class CollectionRules:
                 stats.rejected_inconsistent += 1
             else:
                 raise ValueError(f"question {qid!r}: unknown member defect {defect!r}; expected one of {masks.DEFECTS}")
-        if not arrays:
-            return []
+        ids = [a.token_ids for a in arrays]
+        return self._new_entries(
+            qid, ids, [a.stored_log_probs for a in arrays], [a.masked for a in arrays], fit, step, stats
+        )
+
+    def _new_entries(
+        self,
+        qid: QuestionId,
+        ids: Sequence[np.ndarray],
+        stored: Sequence[np.ndarray],
+        masked: Sequence[int],
+        fit: Sequence[GroupMember],
+        step: int,
+        stats: CollectStats,
+        lengths: list[int] | None = None,
+    ) -> NewEntries:
+        """The members ``fit`` (their token ids, stored log-probs, masked counts and, when known, lengths) that are
+        new (dedup), entry ids reserved."""
+        if not ids:
+            return NO_NEW_ENTRIES
         qi = self.table.question_index(qid)  # a question gets its index with its first member to store
-        keep = self._new_trajectories(qi, arrays)
-        stats.duplicates += len(arrays) - len(keep)
+        if lengths is None:
+            lengths = list(map(len, ids))  # 1-D
+        if not self.table.slots(qi) and len(set(lengths)) == len(lengths):  # nothing to compare: every one is new
+            self.counters["collected"] += len(ids)
+            stats.added_entries += len(ids)
+            stats.added_tokens += sum(lengths)
+            first = self.table.reserve_entry_ids(len(ids))
+            rewards = [float(m.reward) for m in fit]
+            return NewEntries(qi, range(first, first + len(ids)), ids, stored, rewards, masked)
+        keep = self._new_trajectories(qi, list(map(MemberArrays, ids, stored, masked, repeat(None))))
+        stats.duplicates += len(ids) - len(keep)
         stats.added_entries += len(keep)
+        stats.added_tokens += sum([lengths[j] for j in keep])
         first = self.table.reserve_entry_ids(len(keep))
-        rows = []
-        for j, i in enumerate(keep):
-            a = arrays[i]
-            stats.added_tokens += a.token_ids.shape[0]
-            rows.append((qi, first + j, a.token_ids, a.stored_log_probs, float(fit[i].reward), step, a.masked))
-        return rows
+        return NewEntries(
+            qi,
+            range(first, first + len(keep)),
+            [ids[j] for j in keep],
+            [stored[j] for j in keep],
+            [float(fit[j].reward) for j in keep],
+            [masked[j] for j in keep],
+        )

@@ -15,6 +15,7 @@ first masked entry on (a pool of single-turn trajectories holds nothing more tha
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,20 +62,35 @@ class EntryBatch:
         self.steps.append(step)
         self.masked.append(masked)
 
+    def extend(
+        self,
+        qi: int,
+        entry_ids: Sequence[int],
+        ids: Sequence[np.ndarray],
+        lps: Sequence[np.ndarray],
+        rewards: Sequence[float],
+        step: int,
+        masked: Sequence[int],
+    ) -> None:
+        """``append`` of several entries of one question and step, given column by column."""
+        n = len(ids)
+        self.questions.extend([qi] * n)
+        self.entry_ids.extend(entry_ids)
+        self.token_ids.extend(ids)
+        self.log_probs.extend(lps)
+        self.rewards.extend(rewards)
+        self.steps.extend([step] * n)
+        self.masked.extend(masked)
+
+    def _columns(self) -> tuple[list[Any], ...]:
+        return (self.questions, self.entry_ids, self.token_ids, self.log_probs, self.rewards, self.steps, self.masked)
+
     def clear(self) -> None:
-        for rows in (
-            self.questions,
-            self.entry_ids,
-            self.token_ids,
-            self.log_probs,
-            self.rewards,
-            self.steps,
-            self.masked,
-        ):
+        for rows in self._columns():
             rows.clear()
 
     def lengths(self) -> np.ndarray:
-        return np.fromiter((a.shape[0] for a in self.token_ids), dtype=np.int64, count=len(self.token_ids))
+        return np.fromiter(map(len, self.token_ids), dtype=np.int64, count=len(self.token_ids))  # 1-D arrays
 
     def __len__(self) -> int:
         return len(self.entry_ids)
@@ -151,8 +167,9 @@ class EntryTable:
         self.next_entry_id += n
         return first
 
-    def allocate(self, batch: EntryBatch) -> np.ndarray:
-        """Give each entry of ``batch`` a slot and write its metadata; returns the slots (in batch order)."""
+    def allocate(self, batch: EntryBatch, lengths: np.ndarray | None = None) -> np.ndarray:
+        """Give each entry of ``batch`` a slot and write its metadata; returns the slots (in batch order).
+        ``lengths``: ``batch.lengths()``, when the caller has it."""
         n = len(batch)
         reuse = self._free[-n:][::-1] if n else []  # the free stack, popped in order
         del self._free[len(self._free) - len(reuse) :]
@@ -161,7 +178,8 @@ class EntryTable:
             self._grow(self._n_slots + fresh)
         slots = np.array(reuse + list(range(self._n_slots, self._n_slots + fresh)), dtype=np.int64)
         self._n_slots += fresh
-        lengths = batch.lengths()
+        if lengths is None:
+            lengths = batch.lengths()
         c = self.columns
         c["entry_id"][slots] = batch.entry_ids
         c["question"][slots] = batch.questions

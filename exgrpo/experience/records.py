@@ -27,10 +27,12 @@ __all__ = [
     "Group",
     "GroupMember",
     "MemberArrays",
+    "MemberColumns",
     "QuestionId",
     "as_member_arrays",
     "is_success",
     "member_arrays",
+    "member_arrays_many",
 ]
 
 #: why a member is not stored (``GroupMember.defect``, ``exgrpo.experience.masks``): ``inconsistent`` (its loss mask
@@ -40,6 +42,7 @@ DEFECTS = masks.DEFECTS
 QuestionId: TypeAlias = str | int
 
 _INT32_MAX = np.iinfo(np.int32).max
+_INT32, _FLOAT32, _BOOL = np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.bool_)
 
 
 @dataclass
@@ -174,10 +177,12 @@ def as_member_arrays(
     return arrays.token_ids, arrays.stored_log_probs
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MemberArrays:
     """A member as the pool stores it: ``token_ids`` (int32), ``stored_log_probs`` (float32, NaN on masked tokens),
-    ``masked`` (their count) and ``defect`` (a pair (kind, reason) when the arrays must not be stored)."""
+    ``masked`` (their count) and ``defect`` (a pair (kind, reason) when the arrays must not be stored). Not frozen:
+    one is built per member of every collect call, and a frozen dataclass's constructor costs three times as much;
+    nothing changes one after it is built."""
 
     token_ids: np.ndarray
     stored_log_probs: np.ndarray
@@ -188,6 +193,85 @@ class MemberArrays:
 def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, loss_mask: Any = None) -> MemberArrays:
     """Check and convert a member's arrays (ValueError naming the question for a shape or dtype that does not fit;
     a mask that disagrees with the log-probs is a ``defect``, counted and not stored, never an error)."""
+    ids, lps = _converted(qid, token_ids, behaviour_log_probs)
+    stored, masked, defect = masks.prepare(qid, loss_mask, lps)
+    return MemberArrays(ids, stored, masked, defect)
+
+
+@dataclass(slots=True)
+class MemberColumns:
+    """:func:`member_arrays` of many members, column by column (one item per member): ``token_ids`` (None for a
+    member whose arrays raise an error, which :func:`member_arrays` raises), ``stored_log_probs``, ``masked``,
+    ``defect``, ``lengths``. A collect call keeps its members' arrays this way: no object per member."""
+
+    token_ids: list[np.ndarray | None]
+    stored_log_probs: list[np.ndarray | None]
+    masked: list[int]
+    defect: list[tuple[str, str] | None]
+    lengths: list[int]  # tokens (0 where there are no token ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def arrays(self, k: int) -> MemberArrays | None:
+        """Member ``k`` as :func:`member_arrays` gives it; None where that raises."""
+        ids = self.token_ids[k]
+        if ids is None:
+            return None
+        return MemberArrays(ids, self.stored_log_probs[k], self.masked[k], self.defect[k])  # type: ignore[arg-type]
+
+
+def member_arrays_many(
+    qids: Sequence[QuestionId],
+    members: Sequence[Any],
+    *,
+    stage: Callable[..., np.ndarray | None] | None = None,
+) -> MemberColumns:
+    """:func:`member_arrays` of many members (``GroupMember``; ``qids``: each one's question), with the log-probs and
+    masks of all of them checked and encoded together (:func:`~exgrpo.experience.masks.prepare_many`: a constant
+    number of numpy calls instead of a few per member; ``stage`` as there). Nothing is raised here: a member whose
+    arrays raise an error has no token ids in the result, and the caller calls :func:`member_arrays` for it where
+    its error belongs."""
+    ids_of = [m.token_ids for m in members]
+    lps_of = [m.behaviour_log_probs for m in members]
+    masks_of = [m.loss_mask for m in members]
+    ready = [  # what _converted and masks.bool_mask would give back unchanged: nothing to do one by one
+        type(ids) is np.ndarray
+        and type(lps) is np.ndarray
+        and ids.dtype is _INT32
+        and lps.dtype is _FLOAT32
+        and ids.ndim == 1
+        and ids.shape == lps.shape
+        and ids.shape[0] > 0
+        and (mask is None or (type(mask) is np.ndarray and mask.dtype is _BOOL and mask.shape == ids.shape))
+        for ids, lps, mask in zip(ids_of, lps_of, masks_of, strict=True)
+    ]
+    if all(ready):
+        lengths = np.fromiter(map(len, ids_of), dtype=np.int64, count=len(ids_of))
+        stored, counts, defects = masks.prepare_many(lps_of, masks_of, stage=stage, lengths=lengths)
+        return MemberColumns(ids_of, stored, counts, defects, lengths.tolist())
+    kept: list[int] = []  # the members converted
+    for k, (qid, ids, lps, mask) in enumerate(zip(qids, ids_of, lps_of, masks_of, strict=True)):
+        if not ready[k]:
+            try:
+                ids, lps = _converted(qid, ids, lps)
+                if mask is not None:
+                    mask = masks.bool_mask(qid, mask, ids.shape[0])
+            except Exception:  # raised again by member_arrays, in its place
+                continue
+            ids_of[k], lps_of[k], masks_of[k] = ids, lps, mask
+        kept.append(k)
+    stored, counts, defects = masks.prepare_many([lps_of[k] for k in kept], [masks_of[k] for k in kept], stage=stage)
+    n = len(members)
+    out = MemberColumns([None] * n, [None] * n, [0] * n, [None] * n, [0] * n)
+    for j, k in enumerate(kept):
+        out.token_ids[k], out.stored_log_probs[k] = ids_of[k], stored[j]
+        out.masked[k], out.defect[k], out.lengths[k] = counts[j], defects[j], len(ids_of[k])
+    return out
+
+
+def _converted(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A member's (token ids as int32, behaviour log-probs as float32), checked (ValueError naming the question)."""
     ids = np.asarray(token_ids)
     lps = np.asarray(behaviour_log_probs)
     if ids.ndim != 1 or ids.shape[0] == 0 or ids.dtype.kind not in "iu":
@@ -206,7 +290,4 @@ def member_arrays(qid: QuestionId, token_ids: Any, behaviour_log_probs: Any, los
         ids = ids.astype(np.int32)
     if lps.dtype != np.float32:
         lps = lps.astype(np.float32)
-    mask = masks.as_mask(qid, loss_mask, ids.shape[0])
-    defect = masks.trajectory_defect(lps, mask)
-    masked = 0 if mask is None else int(mask.shape[0] - np.count_nonzero(mask))
-    return MemberArrays(ids, masks.encode(lps, mask), masked, defect)
+    return ids, lps

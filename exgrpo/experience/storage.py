@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import pathlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from exgrpo.experience import files, masks
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",
     "LOSS_MASK_KEY",
+    "STAGE_BLOCK_TOKENS",
     "TOKEN_SCHEMA",
     "PerEntryStorage",
     "TokenStorage",
@@ -44,6 +45,8 @@ __all__ = [
 TOKEN_SCHEMA = pa.schema([("token_ids", pa.int32()), ("behaviour_log_probs", pa.float32())])
 #: Tokens per arena chunk, and per record batch of ``tokens.arrow`` (4M tokens: 16 MB ids + 16 MB log-probs).
 DEFAULT_CHUNK_TOKENS = 1 << 22
+#: Tokens per block of :meth:`TokenStorage.stage` with a check (256 KB of log-probs).
+STAGE_BLOCK_TOKENS = 1 << 16
 #: the token file's record key for its loss mask: {"encoding": masks.ENCODING, "masked_tokens": n}, when n > 0
 LOSS_MASK_KEY = "loss_mask"
 
@@ -113,6 +116,32 @@ class TokenStorage(abc.ABC):
     @abc.abstractmethod
     def load_batch(self, slots: np.ndarray, lengths: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> None:
         """Store the concatenated tokens of entries ``slots`` (``lengths`` each), copied out of ``ids`` / ``lps``."""
+
+    # ------------------------------------------------------------------ staging (optional)
+    def stage(
+        self,
+        log_probs: Sequence[np.ndarray],
+        lengths: np.ndarray | None = None,
+        check: Callable[[int, int, np.ndarray], None] | None = None,
+    ) -> np.ndarray | None:
+        """Write the log-probs of the entries that the next ``put_many`` calls are expected to store (non-empty
+        arrays, in the order they will come; ``lengths``: theirs, when the caller has them) where those calls would
+        put them, and return them there, concatenated (a view for the caller to read before the storage changes);
+        the layout may stage a first part of them only (the view says how many tokens), and None where it stages
+        none (the default). ``check(first, stop, written)``, when given, is called after each block of entries
+        first..stop-1 is written (``written``: their log-probs there), blocks of about :data:`STAGE_BLOCK_TOKENS`
+        tokens, so that the caller reads them while the cache holds them.
+
+        Nothing observable changes: the place is free space. ``put_many`` skips the copy of log-probs it finds
+        staged in place (the same arrays, in the same order, where it puts them) and copies everything else as
+        always; :meth:`unstage` ends the staging. A collect call stages its members to store so that it checks
+        their log-probs where it has just written them (``exgrpo.experience.masks.prepare_many``) instead of
+        reading them twice."""
+        return None
+
+    def unstage(self) -> None:
+        """Forget what :meth:`stage` wrote."""
+        return None
 
     # ------------------------------------------------------------------ shared
     def put(self, slot: int, ids: np.ndarray, lps: np.ndarray) -> None:

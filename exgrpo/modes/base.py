@@ -158,9 +158,12 @@ class RewardMode(ABC):
         check_size: Callable[[Any], None],
     ) -> Callable[[int, Any], GroupPlan]:
         """For one collect call over ``groups`` (``Group`` objects), the function ``(index, group) -> GroupPlan``
-        the writer calls in order, once per group of a question that is not retired. ``check_size(group)`` raises
-        for a group without K members; a mode that plans the whole call up front checks every group first, so a
-        malformed group stops the call before anything changes. ``stats`` is the call's ``CollectStats``."""
+        the writer calls in order, once per group of a question that is not retired (nor retired by an earlier plan
+        of the call): it asks for every plan of the call before it applies the first (it checks the arrays of all
+        the members to store in between), so a plan must depend on the groups only, not on the pool.
+        ``check_size(group)`` raises for a group without K members; a mode that plans the whole call up front checks
+        every group first, so a malformed group stops the call before anything changes. ``stats`` is the call's
+        ``CollectStats``."""
 
     def new_stats(self) -> dict[str, Any]:
         """The mode's own figures of one collect call (``CollectStats.mode_stats``), empty."""

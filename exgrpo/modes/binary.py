@@ -38,6 +38,11 @@ def batch_pass_rate(rewards: Iterable[float] | np.ndarray | Any, threshold: floa
     return float(np.count_nonzero(r >= threshold) / r.size)
 
 
+#: the plans without members (GroupPlan is frozen: one of each serves every group)
+_RETIRE = GroupPlan(retire=True)
+_NO_SIGNAL = GroupPlan()
+
+
 @dataclass
 class BinaryOptions(ModeOptions):
     """The binary mode's keys (``exgrpo.<key>``)."""
@@ -93,19 +98,26 @@ class BinaryMode(RewardMode):
         check_size: Callable[[Any], None],
     ) -> Callable[[int, Any], GroupPlan]:
         counts = stats.mode_stats["success_counts"]
+        threshold = self.success_reward
+        # is_success's rule inline (a call per member costs as much as the rest of the plan), unless a subclass
+        # moved it elsewhere than success_reward
+        inline = type(self).is_success is BinaryMode.is_success
 
         def plan(index: int, group: Any) -> GroupPlan:
             members = group.members
-            ok = [self.is_success(m.reward) for m in members]
+            if inline:
+                ok = [float(m.reward) >= threshold for m in members]
+            else:
+                ok = [self.is_success(m.reward) for m in members]
             counted = ok if count_replayed else [o for m, o in zip(members, ok) if not m.is_replayed]
             successes = sum(counted)
             counts.append(successes)
             if successes == len(counted):
-                return GroupPlan(retire=True)
+                return _RETIRE
             if successes == 0:
-                return GroupPlan()
+                return _NO_SIGNAL
             # a replayed member is already stored (with its original behaviour log-probs): never re-inserted
-            fresh = tuple(i for i, (m, o) in enumerate(zip(members, ok)) if o and not m.is_replayed)
+            fresh = tuple([i for i, (m, o) in enumerate(zip(members, ok)) if o and not m.is_replayed])
             return GroupPlan(bucket=successes, members=fresh)
 
         return plan

@@ -213,6 +213,61 @@ def test_arena_compaction_moves_runs_and_keeps_every_entry():
         assert np.array_equal(st.view(s)[0], ids) and np.array_equal(st.view(s)[1], lps)
 
 
+def test_arena_staging_is_used_in_place_and_never_changes_what_is_stored():
+    """stage() writes log-probs where put_many would put them (the first entries only, when the open chunk's tail
+    holds no more); put_many then skips their copy, and whatever else happens in between (other entries, entries
+    freed, compaction, a chunk released) it stores what it is given."""
+    rng = np.random.default_rng(4)
+
+    def run(stage: bool, events: str) -> ArenaStorage:
+        st = ArenaStorage(chunk_tokens=256)
+        st.resize(100)
+        data = {s: tokens(np.random.default_rng(s), 5 + s % 7) for s in range(40)}
+        put_all(st, {s: data[s] for s in range(10)})
+        batch = [data[s] for s in range(10, 40 if "long" in events else 20)]  # long: more than the tail holds
+        if stage:
+            view = st.stage([lps for _, lps in batch])
+            fit = len(batch) if "long" not in events else 22  # 74 tokens stored, 182 left: entries 10..31
+            assert view is not None and np.array_equal(view, np.concatenate([lps for _, lps in batch[:fit]]))
+            assert st.chunk_usage() == [
+                (256, sum(len(data[s][0]) for s in range(10)), sum(len(data[s][0]) for s in range(10)))
+            ]
+        if "other" in events:  # another entry first: the staged place is written over
+            put_all(st, {30: data[30]})
+        if "free" in events:  # holes: a compaction moves the tail down
+            for s in range(0, 10, 2):
+                st.free(s)
+        if "release" in events:  # the open chunk released
+            for s in range(10):
+                if st._chunk[s] >= 0:
+                    st.free(s)
+            if "other" in events:
+                st.free(30)
+        put_all(st, {10 + i: a for i, a in enumerate(batch[:4])})  # two stores, as a call with a repeated question
+        put_all(st, {14 + i: a for i, a in enumerate(batch[4:])})
+        return st
+
+    for events in ("", "long", "other", "free", "release", "free other", "release other", "long free"):
+        staged, plain = run(True, events), run(False, events)
+        assert staged.chunk_usage() == plain.chunk_usage()
+        for s in np.flatnonzero(plain._chunk >= 0).tolist():
+            assert np.array_equal(staged.view(s)[0], plain.view(s)[0]) and np.array_equal(
+                staged.view(s)[1], plain.view(s)[1]
+            )
+        if events == "":
+            assert staged._staged is not None and staged._staged_next == 10  # every entry found in place
+        elif events == "long":  # the staged ones found in place, then the rest copied to a new chunk
+            assert len(staged.chunk_usage()) == 2 and staged._staged is None
+        else:
+            assert staged._staged is None  # the staging was given up
+    st = ArenaStorage(chunk_tokens=8)
+    st.resize(1)
+    assert st.stage([np.zeros(3, np.float32)]) is None  # no open chunk yet
+    put_all(st, {0: tokens(rng, 6)})
+    assert st.stage([np.zeros(3, np.float32)]) is None  # no room left in it
+    assert PerEntryStorage().stage([np.zeros(3, np.float32)]) is None
+
+
 # ------------------------------------------------------------------------------------------ bucket index
 def test_bucket_index_state_keeps_the_draw_order():
     b = BucketIndex(K)
