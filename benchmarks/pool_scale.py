@@ -63,7 +63,10 @@ from types import ModuleType
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: the repository
+
+from benchmarks.common import REPO, Synthetic, extract_baseline  # noqa: E402
+
 PAPER_TRAJECTORIES = 202_011
 #: "before": the last commit before the experience package was split into components (entry table, token storage,
 #: bucket index, collection rules) and a collect call started storing its trajectories in one batch.
@@ -82,15 +85,6 @@ def import_experience(impl: str | None) -> ModuleType:
     if not os.path.realpath(module.__file__).startswith(os.path.join(root, "exgrpo") + os.sep):
         sys.exit(f"[pool_scale] exgrpo.experience came from {module.__file__}, not from {root}")
     return module
-
-
-def extract_baseline(rev: str, workdir: str) -> str:
-    """``git archive`` the ``exgrpo`` package of ``rev`` into ``workdir``; returns the tree's root."""
-    root = os.path.join(workdir, f"baseline-{rev[:12]}")
-    os.makedirs(root, exist_ok=True)
-    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "exgrpo"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
-    return root
 
 
 def behaviour_digest(pool, k: int) -> str:
@@ -119,42 +113,6 @@ def rss_bytes() -> int:
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
-
-
-class Synthetic:
-    """Groups of K members whose correct responses are views into one random token buffer (no per-call cost)."""
-
-    def __init__(self, args: argparse.Namespace, GroupMember, Group):
-        self.GroupMember, self.Group = GroupMember, Group
-        self.rng = np.random.default_rng(args.seed)
-        self.k = args.k
-        self.lo = max(1, args.mean_len - args.len_spread)
-        self.hi = args.mean_len + args.len_spread
-        n = 1 << 23
-        self.ids = self.rng.integers(0, 151_000, n, dtype=np.int32)
-        self.lps = -self.rng.exponential(0.5, n).astype(np.float32)
-        self.wrong = GroupMember(np.array([2], dtype=np.int32), np.array([-1.0], dtype=np.float32), 0.0)
-        self.tool_share, self.tool_calls, self.tool_len = args.tool_share, args.tool_calls, args.tool_len
-
-    def member(self):
-        n = int(self.rng.integers(self.lo, self.hi + 1))
-        off = int(self.rng.integers(0, self.ids.shape[0] - n))
-        if self.tool_share and self.rng.random() < self.tool_share:
-            return self.GroupMember(self.ids[off : off + n], self.lps[off : off + n], 1.0, loss_mask=self.tool_mask(n))
-        return self.GroupMember(self.ids[off : off + n], self.lps[off : off + n], 1.0)
-
-    def tool_mask(self, n: int) -> np.ndarray:
-        """Model turns with ``tool_calls`` tool outputs of ``tool_len`` tokens between them (mask 0 there)."""
-        mask = np.ones(n, dtype=np.bool_)
-        turn = n // (self.tool_calls + 1)
-        for c in range(1, self.tool_calls + 1):
-            start = c * turn - self.tool_len // 2
-            mask[max(1, start) : min(n - 1, start + self.tool_len)] = False
-        return mask
-
-    def group(self, qid: str, n_correct: int):
-        members = [self.member() for _ in range(n_correct)] + [self.wrong] * (self.k - n_correct)
-        return self.Group(qid, members)
 
 
 def run_layout(args: argparse.Namespace) -> dict:
