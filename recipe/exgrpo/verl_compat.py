@@ -151,6 +151,13 @@ def v1_update_actor(trainer: Any, batch: Any, metrics: dict) -> Any:
     return trainer._update_actor(batch, metrics=metrics)
 
 
+def v1_set_sampler_poll(trainer: Any, seconds: float) -> None:
+    """How often verl's sync sampler looks in TransferQueue for the step's finished groups while it waits
+    (``ReplayBuffer.poll_interval``: 2 s in verl 0.9.1, no config key). A step's generation ends at the first poll
+    after its last group is done, so a step waits up to that long after its rollouts have finished."""
+    trainer.replay_buffer.poll_interval = float(seconds)
+
+
 #: The private methods of v1's ``PPOTrainer`` that ``ExGRPOTrainerV1`` overrides (and calls through ``super()``).
 V1_TRAINER_OVERRIDES = ("_init_dataloader", "_save_checkpoint", "_load_checkpoint", "_validate", "_compute_metrics")
 
@@ -320,7 +327,7 @@ class PrivateName:
         except (ImportError, AttributeError) as e:
             return f"{self.owner} cannot be imported: {type(e).__name__}: {e}"
         if self.attr is not None:
-            if self.attr.startswith("_") and isinstance(obj, type) and not hasattr(obj, self.attr):
+            if isinstance(obj, type) and not hasattr(obj, self.attr):
                 # instance attributes set in __init__ are not on the class: look for the assignment in its source
                 try:
                     source = inspect.getsource(obj)
@@ -363,6 +370,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName("verl", _V1_TRAINER, "_compute_old_log_prob", "v1_old_log_probs", ("self", "batch", "metrics")),
     PrivateName("verl", _V1_TRAINER, "_update_actor", "v1_update_actor", ("self", "batch", "metrics")),
+    PrivateName("verl", "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer", "poll_interval", "v1_set_sampler_poll"),
     PrivateName("verl", _V1_TRAINER, "_init_dataloader", "overridden by ExGRPOTrainerV1 (the replay step)", ("self",)),
     PrivateName("verl", _V1_TRAINER, "_save_checkpoint", "overridden by ExGRPOTrainerV1 (pool first)", ("self",)),
     PrivateName("verl", _V1_TRAINER, "_load_checkpoint", "overridden by ExGRPOTrainerV1 (pool restored)", ("self",)),

@@ -48,6 +48,9 @@ from recipe.exgrpo.v1.tq_rows import TQ_KEY, jagged, rows_from_tq, split_key, st
 from recipe.exgrpo.verl_setup import dataset_rows, install_mixed_loss, replay_step_for
 
 PARTITION = "train"
+#: seconds between the sync sampler's looks for the step's finished groups (verl's default, 2 s, made every step on
+#: the CPU backend wait ~2 s after its rollouts; on a GPU it adds up to 2 s to each step's generation)
+SAMPLER_POLL_S = 0.1
 #: the fields of the kept rows the update and verl's step metrics read beyond what the agent loop wrote
 _RESPONSE_WRITES = ("rm_scores", "advantages", "returns", BEHAVIOUR_LOG_PROBS_KEY)
 _ROW_WRITES = (IS_REPLAY_KEY, MIXED_KEY, RATIO_KEY, EXPERIENCE_GROUP_KEY)
@@ -75,6 +78,7 @@ class ExGRPOTrainerV1(PPOTrainerSync):
     def __init__(self, config):
         super().__init__(config)
         self.stage_clock = StageClock(deadlines_from_config(config))
+        verl_compat.v1_set_sampler_poll(self, SAMPLER_POLL_S)
         self.actor_log_prob_calls = 0
 
     # ------------------------------------------------------------------ start-up
