@@ -21,6 +21,7 @@ __all__ = [
     "SamplingSettings",
     "HFBackend",
     "VLLMBackend",
+    "start_vllm",
     "build_backend",
     "library_versions",
     "package_version",
@@ -246,6 +247,45 @@ def vllm_model_problem(model_path: str) -> str | None:
     )
 
 
+def start_vllm(
+    model_path: str,
+    *,
+    seed: int,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
+) -> tuple[Any, Any]:
+    """vLLM's ``LLM`` engine on ``model_path`` and its ``SamplingParams`` class, for every evaluation that runs on vLLM:
+    a model vLLM's CPU build cannot run is refused first (ValueError naming it), the CPU build's environment and
+    limits for seeded requests are set, and a stack without vLLM gets an ImportError saying what to install."""
+    import os
+
+    problem = vllm_model_problem(model_path)
+    if problem:
+        raise ValueError(problem)
+    os.environ.update(cpu_engine_env(dict(os.environ)))  # before vLLM starts its engine processes
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError as e:  # the CPU stack has no vLLM
+        raise ImportError(
+            "backend 'vllm' needs the vllm package (GPU stack: pip install -r requirements.txt, which pins "
+            f"vllm=={_pinned_vllm() or '?'}; on CPU: bash scripts/setup_env.sh --vllm, then .venv-vllm/bin/python)"
+            f"; on a machine without vLLM use --backend hf. ({e})"
+        ) from e
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        seed=seed,
+        dtype=dtype,
+    )
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    kwargs.update(cpu_engine_limits(model_path, max_model_len))  # seeded requests on vLLM's CPU build
+    return LLM(**kwargs), SamplingParams
+
+
 class VLLMBackend:
     """vLLM backend (GPUs; also vLLM's CPU build), the paper's engine: one request per row with ``n`` samples and
     a per-row seed.
@@ -266,36 +306,18 @@ class VLLMBackend:
         max_model_len: int | None = None,
         dtype: str = "auto",
     ) -> None:
-        import os
-
-        problem = vllm_model_problem(model_path)
-        if problem:
-            raise ValueError(problem)
-        os.environ.update(cpu_engine_env(dict(os.environ)))  # before vLLM starts its engine processes
-        try:
-            from vllm import LLM, SamplingParams
-        except ImportError as e:  # the CPU stack has no vLLM
-            raise ImportError(
-                "backend 'vllm' needs the vllm package (GPU stack: pip install -r requirements.txt, which pins "
-                f"vllm=={_pinned_vllm() or '?'}; on CPU: bash scripts/setup_env.sh --vllm, then .venv-vllm/bin/python)"
-                f"; on a machine without vLLM use --backend hf. ({e})"
-            ) from e
         from transformers import AutoTokenizer
 
         self.sampling = sampling
-        self._sampling_params_cls = SamplingParams
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        kwargs: dict[str, Any] = dict(
-            model=model_path,
+        self.llm, self._sampling_params_cls = start_vllm(
+            model_path,
+            seed=sampling.seed,
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
-            seed=sampling.seed,
+            max_model_len=max_model_len,
             dtype=dtype,
         )
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
-        kwargs.update(cpu_engine_limits(model_path, max_model_len))  # seeded requests on vLLM's CPU build
-        self.llm = LLM(**kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
 
     def generate(self, prompts: Sequence[str], n: Sequence[int], seeds: Sequence[int]) -> list[list[Completion]]:
         s = self.sampling

@@ -225,16 +225,18 @@ def test_a_named_validation_variable_is_read_from_core_or_aux():
     assert run_curve([train, row], val_var="reward").signal == []
 
 
-def test_tool_calls_are_read_per_level_and_per_step(tmp_path):
-    def val(step: int, calls: dict[str, float]) -> dict:
-        row = {"step": step}
-        for lv, rate in calls.items():
-            row[f"val-core/toy_arithmetic_{lv}/acc/mean@1"] = 0.5
-            row[f"val-aux/toy_arithmetic_{lv}/tool_call/mean@1"] = rate
-        return row
+def _tool_val(step: int, calls: dict[str, float]) -> dict:
+    """A validation row of a tool run: accuracy 0.5 and the given call rate per level."""
+    row = {"step": step}
+    for lv, rate in calls.items():
+        row[f"val-core/toy_arithmetic_{lv}/acc/mean@1"] = 0.5
+        row[f"val-aux/toy_arithmetic_{lv}/tool_call/mean@1"] = rate
+    return row
 
+
+def test_tool_calls_are_read_per_level_and_per_step(tmp_path):
     rows = [
-        val(0, {"hard": 0.2, "easy": 0.3}),
+        _tool_val(0, {"hard": 0.2, "easy": 0.3}),
         {"step": 1, "exgrpo/batch_pass_rate": 0.5, "exgrpo/multi_turn/tool_turn_share": 0.25},
         {
             "step": 2,
@@ -242,7 +244,7 @@ def test_tool_calls_are_read_per_level_and_per_step(tmp_path):
             "exgrpo/multi_turn/tool_turn_share": 0.5,
             "exgrpo/multi_turn/replayed_tool_turn_share": 0.75,
         },
-        val(2, {"hard": 0.9, "easy": 0.4}),
+        _tool_val(2, {"hard": 0.9, "easy": 0.4}),
     ]
     curve = run_curve(rows)
     assert curve.val_tool_call_by_level == {"easy": [0.3, 0.4], "hard": [0.2, 0.9]}  # in difficulty order
@@ -293,17 +295,10 @@ def test_the_run_figure_draws_what_the_run_has(tmp_path, monkeypatch):
 
 
 def test_the_tool_runs_call_rates_get_their_own_panel_one_colour_per_level(tmp_path, monkeypatch):
-    def val(step: int, calls: dict[str, float]) -> dict:
-        row = {"step": step}
-        for lv, rate in calls.items():
-            row[f"val-core/toy_arithmetic_{lv}/acc/mean@1"] = 0.5
-            row[f"val-aux/toy_arithmetic_{lv}/tool_call/mean@1"] = rate
-        return row
-
     levels = {"easy": 0.3, "medium": 0.2, "hard": 0.1}
-    rows = [val(0, levels), *({**_train(s, 0.5, 2, 3 * s), "step": s} for s in (1, 2))]
+    rows = [_tool_val(0, levels), *({**_train(s, 0.5, 2, 3 * s), "step": s} for s in (1, 2))]
     rows[1]["exgrpo/multi_turn/tool_turn_share"] = rows[2]["exgrpo/multi_turn/tool_turn_share"] = 0.4
-    rows.append(val(2, {lv: 2 * r for lv, r in levels.items()}))
+    rows.append(_tool_val(2, {lv: 2 * r for lv, r in levels.items()}))
     top, calls, _pool, _share = _drawn(monkeypatch, run_curve(rows, group_size=4), tmp_path)
     assert not any("call" in label for label in _lines(top))  # the accuracy panel keeps its six entries at most
     lines = _lines(calls)

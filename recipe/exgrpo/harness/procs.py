@@ -28,7 +28,8 @@ from pathlib import Path
 
 import psutil
 
-from exgrpo.stop_signals import STOP_SIGNALS, Stopped, install_stop_handlers, stop_descendants
+from exgrpo import stop_signals
+from exgrpo.stop_signals import install_stop_handlers, stop_descendants
 
 
 @dataclass
@@ -174,15 +175,7 @@ def main_until_stopped(main: Callable[[], int | None], label: str) -> int:
         others = stop_descendants(exclude=list(killed))  # what else it started (a build, a check)
         return _stopped_runs(killed, len(others))
 
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    install_stop_handlers(stop, label)
-    try:
-        return int(main() or 0)
-    except Stopped as e:
-        return e.exit_status
-    finally:  # a caller in the same process (a test) gets its own handlers back
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    return stop_signals.main_until_stopped(main, stop, label)
 
 
 @contextmanager

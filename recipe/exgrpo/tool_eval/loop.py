@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.eval.backends import Completion, SamplingSettings, cpu_engine_limits
+from exgrpo.eval.backends import Completion, SamplingSettings, start_vllm
 from recipe.exgrpo.cpu.hf_rollout import SamplingKey, sampling_key
 from recipe.exgrpo.tool_eval.settings import ToolLoopSettings
 from recipe.exgrpo.tool_turns import ToolCallDetector
@@ -112,25 +112,19 @@ class VLLMEngine:
         max_model_len: int | None = None,
         dtype: str = "auto",
     ):
-        from exgrpo.eval.backends import cpu_engine_env
-
-        os.environ.update(cpu_engine_env(dict(os.environ)))  # before vLLM starts its engine processes
         from transformers import AutoTokenizer
-        from vllm import LLM, SamplingParams
 
-        self._params = SamplingParams
         self.model_path = model
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.max_model_len = max_model_len or settings.prompt_length + settings.response_length
-        self.llm = LLM(
-            model=model,
+        self.llm, self._params = start_vllm(
+            model,
+            seed=sampling.seed,
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=self.max_model_len,
-            seed=sampling.seed,
             dtype=dtype,
-            **cpu_engine_limits(model, self.max_model_len),  # seeded requests on vLLM's CPU build
         )
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.eos_ids = _eos_ids(model, self.tokenizer)
         self.config = SimpleNamespace(
             prompt_length=settings.prompt_length,
