@@ -55,3 +55,50 @@ def test_the_version_is_written_once_and_the_changelog_starts_with_it():
     assert versions[0] == exgrpo.__version__, f"CHANGELOG.md's newest version is {versions[0]}"
     for section in re.split(r"^## ", changelog, flags=re.M)[1:]:
         assert "Checked on: verl " in section, f"CHANGELOG.md {section.split()[0]}: say what it was checked on"
+
+
+# ---------------------------------------------------------------------------------------- environment variables
+#: variables the scripts read that a user does not set, and why
+NOT_USER_SETTINGS = {
+    "VIRTUAL_ENV": "set by an activated venv: which Python the scripts pick (the PYTHON row says so)",
+    "CONDA_PREFIX": "set by an activated conda environment: which Python the scripts pick (the PYTHON row)",
+    "PYTHONPATH": "the launch scripts put the checkout in front of a caller's own",
+    "EXGRPO_PICK_SOFT": "passed between prepare_data.sh and scripts/lib/python.sh",
+    "EXGRPO_PYTHON_PICKED": "marks that scripts/lib/python.sh has chosen the Python already",
+    "EXGRPO_EXPECT_THINK_TEMPLATE": "set by a launch script's own --think-template argument",
+    "EXGRPO_GPUS_PER_NODE": "set by the launch script for its dry run (N_GPUS_PER_NODE is the user's)",
+    "EXGRPO_RUN_TOKEN": "set by the driver in every process of a run, to find them (runtime/stacks.py)",
+    "EXGRPO_SKIP_GRAD_NORM_ABOVE": "set by the driver for the actor workers from exgrpo.skip_grad_norm_above",
+    "VERL_USE_EXTERNAL_MODULES": "set by the driver so that verl's workers import the gradient-norm guard",
+    "RAY_OVERRIDE_JOB_RUNTIME_ENV": "set by the driver of a submitted Ray job (runtime/ray_job.py)",
+}
+
+
+def script_variables() -> set[str]:
+    """Every variable a script under scripts/ reads from its environment: those read with a default or a check
+    (``${VAR:-x}``, ``${VAR-x}``, ``${VAR:?}``, ``${VAR:=x}``, ``${VAR:+x}``), those a launch requires
+    (``exgrpo_require_var VAR``) and those the launch checks read in Python (``*_ENV = "VAR"``)."""
+    names: set[str] = set()
+    for f in (REPO / "scripts").rglob("*.sh"):
+        text = "\n".join(
+            line for line in f.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
+        )
+        names |= set(re.findall(r"\$\{([A-Z][A-Z0-9_]*):?[-=?+]", text))
+        names |= set(re.findall(r"exgrpo_require_var ([A-Z][A-Z0-9_]*)", text))
+    for f in [*(REPO / "recipe/exgrpo/launch_checks").rglob("*.py"), *(REPO / "recipe/exgrpo/runtime").rglob("*.py")]:
+        names |= set(re.findall(r'^[A-Z_]+_ENV = "([A-Z][A-Z0-9_]*)"', f.read_text(encoding="utf-8"), re.M))
+    return names
+
+
+def documented_variables() -> set[str]:
+    page = (DOCS / "environment.md").read_text(encoding="utf-8")
+    first_cells = re.findall(r"^\| ([^|]+) \|", page, re.M)
+    return {name for cell in first_cells for name in re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)}
+
+
+def test_every_variable_the_scripts_read_is_in_the_environment_table():
+    read = script_variables()
+    assert {"MODEL_PATH", "N_GPUS_PER_NODE", "DRY_RUN", "TRAINER", "RM_PATH", "GPU_MEMORY_GIB"} <= read  # the reader
+    missing = sorted(read - documented_variables() - set(NOT_USER_SETTINGS))
+    assert not missing, f"docs/environment.md has no row for {missing}"
+    assert not set(NOT_USER_SETTINGS) - read, "NOT_USER_SETTINGS names a variable no script reads any more"
