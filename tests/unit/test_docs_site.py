@@ -102,3 +102,74 @@ def test_every_variable_the_scripts_read_is_in_the_environment_table():
     missing = sorted(read - documented_variables() - set(NOT_USER_SETTINGS))
     assert not missing, f"docs/environment.md has no row for {missing}"
     assert not set(NOT_USER_SETTINGS) - read, "NOT_USER_SETTINGS names a variable no script reads any more"
+
+
+# ------------------------------------------------------------------------------------------- troubleshooting
+def _exception_classes() -> tuple[dict[str, str], set[str]]:
+    """(every exception class defined in exgrpo/ and recipe/exgrpo/ -> its file, the names of those the code raises
+    or builds: ``raise X``, ``raise X(...)``, ``X(...)``, as an error returned to be raised is)."""
+    import ast
+    import builtins
+
+    files = [*(REPO / "exgrpo").rglob("*.py"), *(REPO / "recipe" / "exgrpo").rglob("*.py")]
+    trees = {f: ast.parse(f.read_text(encoding="utf-8")) for f in files}
+    bases: dict[str, set[str]] = {}
+    where: dict[str, str] = {}
+    for f, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                bases.setdefault(node.name, set()).update(names)
+                where.setdefault(node.name, str(f.relative_to(REPO)))
+
+    def is_exception(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        builtin = getattr(builtins, name, None)
+        if isinstance(builtin, type) and issubclass(builtin, BaseException):
+            return True
+        return name not in seen and any(is_exception(b, seen | {name}) for b in bases.get(name, ()))
+
+    classes = {name: f for name, f in where.items() if name in bases and is_exception(name)}
+    used: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            target = node.exc if isinstance(node, ast.Raise) else node if isinstance(node, ast.Call) else None
+            if isinstance(target, ast.Call):
+                target = target.func
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
+            if name in classes:
+                used.add(name)
+    return classes, used
+
+
+def _headings(page: str) -> dict[str, str]:
+    """heading text -> its anchor, as the site (Python-Markdown's toc) makes it."""
+    from markdown.extensions.toc import slugify
+
+    out = {}
+    for line in page.splitlines():
+        if m := re.match(r"^#{1,6} (.+)$", line):
+            text = m[1].strip()
+            out[text] = slugify(text.replace("`", ""), "-")
+    return out
+
+
+def test_every_error_the_code_raises_has_an_entry_on_the_troubleshooting_page():
+    classes, raised = _exception_classes()
+    assert {"StageDeadlineError", "PoolCheckpointError", "ConfigError", "WeightSyncError"} <= raised  # the reader
+    headings = _headings((DOCS / "troubleshooting.md").read_text(encoding="utf-8"))
+    missing = sorted(f"{name} ({classes[name]})" for name in raised if f"`{name}`" not in headings)
+    assert not missing, f"docs/troubleshooting.md has no '### `Name`' entry for {missing}"
+    assert headings["`StageDeadlineError`"] == "stagedeadlineerror"  # the anchor the messages link to
+
+
+def test_the_links_to_the_troubleshooting_page_land_on_an_entry():
+    """Messages in the code and the scripts that say docs/troubleshooting.md#anchor name an anchor the page has."""
+    anchors = set(_headings((DOCS / "troubleshooting.md").read_text(encoding="utf-8")).values())
+    links = []
+    for top in ("exgrpo", "recipe", "scripts"):
+        for f in (REPO / top).rglob("*"):
+            if f.suffix in (".py", ".sh"):
+                links += [(f, a) for a in re.findall(r"troubleshooting\.md#([\w-]+)", f.read_text(encoding="utf-8"))]
+    assert links, "no message links to the troubleshooting page"
+    bad = [f"{f.relative_to(REPO)}: #{a}" for f, a in links if a not in anchors]
+    assert not bad, f"links to anchors docs/troubleshooting.md does not have: {bad}"
