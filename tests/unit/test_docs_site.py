@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import exgrpo
 from exgrpo import settings_doc
 from exgrpo.config import ExGRPOConfig, settings_reference
@@ -173,3 +175,101 @@ def test_the_links_to_the_troubleshooting_page_land_on_an_entry():
     assert links, "no message links to the troubleshooting page"
     bad = [f"{f.relative_to(REPO)}: #{a}" for f, a in links if a not in anchors]
     assert not bad, f"links to anchors docs/troubleshooting.md does not have: {bad}"
+
+
+# ------------------------------------------------------------------------------------------------- the README
+README = REPO / "README.md"
+#: the README's budget: what a new user reads in a few minutes (every other figure lives in docs/ with its command)
+README_MAX_BYTES = 12 * 1024
+
+
+def _bash_blocks(text: str) -> list[tuple[int, list[str]]]:
+    """(first line number, the commands) of every ```bash block, comments and blank lines dropped."""
+    blocks, current, start = [], None, 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            if current is None and line.strip() == "```bash":
+                current, start = [], n
+            elif current is not None:
+                blocks.append((start, current))
+                current = None
+        elif current is not None and line.split("#")[0].strip():
+            current.append(line.split("  #")[0].strip())
+    return blocks
+
+
+def test_the_readme_is_short_and_opens_with_the_two_commands_the_gpu_quickstart_and_the_features():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.encode("utf-8")) <= README_MAX_BYTES, f"README.md is {len(text.encode())} bytes"
+    top = "\n".join(text.splitlines()[:60])
+    (first_line, first), (gpu_line, gpu), *_ = _bash_blocks(text)
+    assert first == ["bash scripts/demo_cpu.sh", "bash scripts/run_tests.sh"], first  # exactly these two, first
+    assert first_line < gpu_line < 60
+    for step in ("scripts/install_gpu.sh", "scripts/prepare_data.sh", "scripts/train/", "scripts/eval/"):
+        assert any(step in c for c in gpu), f"the GPU quickstart has no {step}"
+    assert "arXiv 2510.02245" in top or "arxiv.org/abs/2510.02245" in top
+    table = [line for line in top.splitlines() if line.startswith("| ")]
+    assert table and table[0].startswith("| feature |"), "no feature table in the first 60 lines"
+    for feature in (
+        "verl 0.9.1",
+        "v1 trainer",
+        "one actor pass",
+        "checkpoints",
+        "continuous",
+        "tool-calling",
+        "vLLM",
+        "CPU demo",
+        "tested on CPU",
+    ):
+        assert any(feature.lower() in row.lower() for row in table), f"the feature table has no row on {feature!r}"
+
+
+# -------------------------------------------------------------------------------------------------- the site
+def test_every_docs_page_is_in_the_sites_navigation():
+    import yaml
+
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def pages(nav) -> list[str]:
+        out = []
+        for item in nav:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            out += pages(value) if isinstance(value, list) else [value]
+        return out
+
+    listed = pages(config["nav"])
+    assert sorted(p.name for p in DOCS.glob("*.md")) == sorted(p for p in listed if p != "changelog.md")
+    assert config["validation"] == {
+        "omitted_files": "warn",
+        "absolute_links": "warn",
+        "unrecognized_links": "warn",
+        "anchors": "warn",
+    }
+    assert "mkdocs build --strict" in (REPO / "scripts" / "run_tests.sh").read_text(encoding="utf-8")
+
+
+def test_the_build_checks_the_readmes_links(tmp_path):
+    """The hook names a README link to a missing page, a missing anchor, a missing file and a missing heading."""
+    import importlib.util
+
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (bash scripts/setup_env.sh installs it)")
+    from mkdocs.structure.files import File, Files
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "scripts" / "lib" / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+
+    class Page:
+        present_anchor_ids = {"stage-deadlines"}
+
+    page_file = File("trainer.md", str(DOCS), str(tmp_path), use_directory_urls=True)
+    page_file.page = Page()
+    readme = (
+        "# Title\n## Two commands\n[ok](docs/trainer.md#stage-deadlines) [ok](#two-commands) [ok](CHANGELOG.md) "
+        "[ok](https://arxiv.org/abs/2510.02245)\n[a](docs/nowhere.md) [b](docs/trainer.md#nope) [c](missing.txt) "
+        "[d](#nope)\n"
+    )
+    problems = hooks.readme_link_problems(readme, Files([page_file]))
+    assert len(problems) == 4, problems
+    assert [p.split("'")[1] for p in problems] == ["docs/nowhere.md", "docs/trainer.md#nope", "missing.txt", "#nope"]
