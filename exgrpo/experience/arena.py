@@ -146,7 +146,7 @@ class ArenaStorage(TokenStorage):
         self,
         log_probs: Sequence[np.ndarray],
         lengths: np.ndarray | None = None,
-        check: Callable[[int, int, np.ndarray], None] | None = None,
+        check: Callable[[int, int, np.ndarray], Sequence[np.ndarray] | None] | None = None,
     ) -> np.ndarray | None:
         # Where put_many puts entries that fit at the open chunk's tail: there, one after the other; the first ones
         # that fit, when not all do (put_many opens or finds another chunk for the others).
@@ -164,6 +164,7 @@ class ArenaStorage(TokenStorage):
         off = self._used[c]
         lps = self._lps[c]
         view = lps[off : off + total]  # type: ignore[index]
+        staged = list(log_probs)
         if check is None:
             np.concatenate(log_probs, out=view)
         else:  # block by block, each checked right after it is written (while the cache holds it)
@@ -173,9 +174,11 @@ class ArenaStorage(TokenStorage):
                 stop = max(first + 1, bisect_right(ends, base + STAGE_BLOCK_TOKENS, first, n))
                 written = view[base : ends[stop - 1]]
                 np.concatenate(log_probs[first:stop], out=written)
-                check(first, stop, written)
+                rewritten = check(first, stop, written)
+                if rewritten is not None:  # what put_many will be handed for them: views of what is written
+                    staged[first:stop] = rewritten
                 first = stop
-        self._staged = (lps, list(log_probs), list(accumulate(sizes[:-1], initial=off)))
+        self._staged = (lps, staged, list(accumulate(sizes[:-1], initial=off)))
         self._staged_next = 0
         return view
 

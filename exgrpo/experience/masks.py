@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
-from operator import is_not, not_
+from operator import is_not, ne
 from typing import Any
 
 import numpy as np
@@ -149,102 +149,138 @@ def prepare_many(
     Each of ``log_probs`` must be a 1-D float32 array and each of ``loss_masks`` None or what :func:`bool_mask` gives
     for it (the caller has converted and checked them, as :func:`prepare`'s caller does); ``loss_masks`` None: none
     has a mask. ``lengths``: the arrays' lengths (int64), when the caller has them. The stored log-probs are
-    the member's own array where :func:`prepare` gives it (no mask, or all ones), else a view into one new array
-    that holds the encoded log-probs of all the masked members.
+    the member's own array where :func:`prepare` gives it (no mask, or all ones), else a view of its encoded
+    log-probs: where ``stage`` wrote them, or in one new array.
 
-    ``stage``: a token storage's :meth:`~exgrpo.experience.storage.TokenStorage.stage`, given the stored log-probs
-    of the non-empty members in order, their lengths and the check of their bounds, which it calls on each block it
-    writes; the checks then read them where it wrote them (instead of a copy of their own), and a store that finds
-    them there in place does not copy them again. The masked members' log-probs are checked and encoded in blocks
-    of :data:`_MASKED_BLOCK_TOKENS` tokens.
+    The members' log-probs are written once, block by block (about :data:`_MASKED_BLOCK_TOKENS` tokens, so that each
+    block's passes read what the cache holds), and each block, right after it is written, gets the bounds of
+    :func:`log_prob_defect` on every token (a masked member's tool tokens hold log-probs too: the trainer's pass
+    computes them) and, where it holds masked members, their masks' counts and the NaN encoding in place.
+    ``stage``: a token storage's :meth:`~exgrpo.experience.storage.TokenStorage.stage`, given the log-probs of the
+    non-empty members in order, their lengths and that per-block work: the members it writes where they will be
+    stored are checked and encoded there (and it is told which of them are stored as the encoded views), the others
+    in a new array.
     """
     n_members = len(log_probs)
-    stored = list(log_probs)  # per member what is stored: its own array, or (below) its encoded log-probs
-    counts = [0] * n_members
+    stored = list(log_probs)  # per member what is stored: its own array, or (below) a view of its encoded log-probs
     defects: list[tuple[str, str] | None] = [None] * n_members
     if lengths is None:
         lengths = _lengths(stored)
-    if loss_masks is None or not any(map(is_not, loss_masks, repeat(None))):
-        loss_masks = [None] * n_members
-        if lengths.all():  # the common call: no mask, no empty array
-            if n_members:
-                valid = _staged_bounds(stored, lengths, stage)
-                if not all(valid):
-                    for i in compress(range(n_members), map(not_, valid)):
-                        defects[i] = log_prob_defect(stored[i])
-            return stored, counts, defects
-    if lengths.all():
+    if loss_masks is not None and not any(map(is_not, loss_masks, repeat(None))):
+        loss_masks = None
+    if not n_members:
+        return stored, [], defects
+    if lengths.all():  # the common call: no empty array
         members: Sequence[int] = range(n_members)
-        masked = [i for i, x in enumerate(loss_masks) if x is not None]
+        arrays, sizes, given = log_probs, lengths, loss_masks
     else:  # prepare's answer for no token: nothing to check (a segment of reduceat is never empty)
         members = [i for i, n in enumerate(lengths.tolist()) if n]
-        masked = [i for i in members if loss_masks[i] is not None]
-    if masked:  # in blocks of about _MASKED_BLOCK_TOKENS tokens: each block's passes read what the cache holds
-        ends = np.cumsum(lengths[masked])
-        cuts = np.searchsorted(ends, np.arange(_MASKED_BLOCK_TOKENS, int(ends[-1]), _MASKED_BLOCK_TOKENS))
-        bounds = [0, *sorted(set(cuts.tolist()) - {0}), len(masked)]
-        for first, stop in zip(bounds[:-1], bounds[1:]):
-            _encode_masked(masked[first:stop], log_probs, loss_masks, lengths, stored, counts, defects)
-    if members:
-        arrays = stored if len(members) == n_members else [stored[i] for i in members]
-        sizes = lengths if len(members) == n_members else lengths[members]
-        if len(masked) < len(members):  # the bounds of the members without a mask (and the staging)
-            for i in compress(members, map(not_, _staged_bounds(arrays, sizes, stage))):  # type: ignore[arg-type]
-                if loss_masks[i] is None:  # (a masked member's NaNs fail the bounds: it was looked at above)
-                    defects[i] = log_prob_defect(log_probs[i])
-        elif stage is not None:
-            stage(arrays, sizes)  # type: ignore[arg-type]
+        arrays, sizes = [log_probs[i] for i in members], lengths[members]
+        given = None if loss_masks is None else [loss_masks[i] for i in members]
+        if not members:
+            return stored, [0] * n_members, defects
+    found = _Checks(arrays, sizes, given)
+    view = None if stage is None else stage(arrays, sizes, found.check)
+    found.rest(0 if view is None else view.shape[0])
+    masked_count = (sizes - found.model).tolist()  # 0 without a mask (model = its length)
+    if len(members) == n_members:
+        counts = masked_count
+    else:
+        counts = [0] * n_members
+        for k, i in enumerate(members):
+            counts[i] = masked_count[k]
+    for k, encoded in found.encoded.items():
+        stored[members[k]] = encoded
+    for k in found.unusual():  # the members that may have a defect: member by member, as prepare finds it
+        i, a, mask = members[k], arrays[k], None if given is None else given[k]
+        model, n = int(found.model[k]), int(sizes[k])
+        if mask is None or model == n:  # no mask, or all ones: the bounds of every token
+            if found.bad[k]:
+                defects[i] = log_prob_defect(a)
+        elif model == 0:
+            defects[i] = (INCONSISTENT, _NO_MODEL_TOKEN)
+        elif not found.last[k]:
+            defects[i] = (TRUNCATED, _ENDS_MASKED)
+        elif found.bad[k]:
+            defects[i] = log_prob_defect(a[mask])
     return stored, counts, defects
 
 
-def _encode_masked(
-    masked: list[int],
-    log_probs: Sequence[np.ndarray],
-    loss_masks: Sequence[np.ndarray | None],
-    lengths: np.ndarray,
-    stored: list[np.ndarray],
-    counts: list[int],
-    defects: list[tuple[str, str] | None],
-) -> None:
-    """:func:`prepare` of the members ``masked`` (non-empty, each with a mask), into ``stored``, ``counts`` and
-    ``defects`` (indexed like ``log_probs``)."""
-    arrays = [log_probs[i] for i in masked]
-    given = [loss_masks[i] for i in masked]
-    values = np.concatenate(arrays)
-    keep = np.concatenate(given, dtype=np.int32)  # 1 on the model's tokens
-    starts, ends = _segments(lengths[masked])
-    model_tokens = np.add.reduceat(keep, starts, dtype=np.int32).tolist()  # (int64 would cast every one)
-    ends_on_model = keep[ends - 1].tolist()
-    # The bounds on every token: the masked ones hold log-probs as well (the trainer's pass computes them), so a
-    # member within them has its model tokens within them; one that is not is looked at token by token below.
-    rough = _bounds_ok(values, starts)
-    # The encoding, in place, in the one copy of the members' log-probs, on their bits (whole-array integer
-    # operations, where a boolean assignment costs several times as much): all bits set on the masked tokens, then
-    # flipped to MASKED_LOG_PROB's.
-    np.subtract(keep, 1, out=keep)  # 0 on the model's tokens, all bits set on the masked ones
-    bits = values.view(np.int32)
-    np.bitwise_or(bits, keep, out=bits)
-    np.bitwise_and(keep, ~_MASKED_BITS, out=keep)
-    np.bitwise_xor(bits, keep, out=bits)
-    for k, (i, a, m, start, end) in enumerate(zip(masked, arrays, given, starts.tolist(), ends.tolist())):
-        n, model = end - start, model_tokens[k]
-        if model == n:  # all ones: no mask (prepare stores the array itself)
-            if not rough[k]:
-                defects[i] = log_prob_defect(a)
-            continue
-        if model == 0:
-            defects[i] = (INCONSISTENT, _NO_MODEL_TOKEN)
-        elif not ends_on_model[k]:
-            defects[i] = (TRUNCATED, _ENDS_MASKED)
-        elif not rough[k]:
-            defects[i] = log_prob_defect(a[m])  # type: ignore[index]
-        stored[i], counts[i] = values[start:end], n - model
+class _Checks:
+    """:func:`prepare_many`'s per-block work on the members ``arrays`` (non-empty; ``sizes`` tokens each, ``given``
+    their masks or None): :meth:`check` on each block where it is written (by a storage's ``stage`` or by
+    :meth:`rest`), which finds per member whether its log-probs fail the bounds (``bad``), its model tokens
+    (``model``), whether it ends on one (``last``) and, for a masked one, encodes it in place (``encoded``: member ->
+    the view of its encoded log-probs, for those :func:`prepare` encodes)."""
+
+    def __init__(self, arrays: Sequence[np.ndarray], sizes: np.ndarray, given: Sequence[np.ndarray | None] | None):
+        self.arrays, self.sizes, self.given = arrays, sizes, given
+        self.starts, self.ends = _segments(sizes)
+        m = len(arrays)
+        self.bad = np.zeros(m, dtype=np.bool_)
+        self.model = sizes.copy()  # every token the model's until a mask says otherwise
+        self.last = np.ones(m, dtype=np.bool_)
+        self.encoded: dict[int, np.ndarray] = {}
+        self._ones: np.ndarray | None = None  # the mask of a member without one, in a block with masked members
+        self._size_list: list[int] | None = None
+
+    def check(self, first: int, stop: int, written: np.ndarray) -> list[np.ndarray] | None:
+        """The work on members first..stop-1, whose log-probs ``written`` holds (concatenated, writable); returns
+        what is to be stored for them where it encoded some (views of ``written``), else None."""
+        at = self.starts[first:stop] - self.starts[first]
+        # the bounds, on the whole block first: a block within them has every member within them
+        if not (_max(written, axis=None) <= MAX_LOG_PROB and _min(written, axis=None) > -np.inf):
+            hi, lo = np.maximum.reduceat(written, at), np.minimum.reduceat(written, at)
+            self.bad[first:stop] = ~((hi <= MAX_LOG_PROB) & (lo > -np.inf))
+        if self.given is None:
+            return None
+        masks = self.given[first:stop]
+        if not any(map(is_not, masks, repeat(None))):
+            return None
+        if self._size_list is None:
+            self._size_list = self.sizes.tolist()
+            self._ones = np.ones(max(self._size_list), dtype=np.bool_)
+        sizes = self._size_list[first:stop]
+        ones = self._ones
+        other = np.concatenate([ones[:n] if mask is None else mask for mask, n in zip(masks, sizes)])  # type: ignore[index]
+        np.logical_not(other, out=other)  # True on the tokens that are not the model's
+        np.copyto(written, MASKED_LOG_PROB, where=other)  # the encoding, in place (a member without any: as it was)
+        self.last[first:stop] = ~other[at + self.sizes[first:stop] - 1]
+        model = [n if mask is None else np.count_nonzero(mask) for mask, n in zip(masks, sizes)]
+        self.model[first:stop] = model
+        out = list(self.arrays[first:stop])
+        starts = at.tolist()
+        for j in compress(range(stop - first), map(ne, model, sizes)):  # (a mask of all ones: the array itself)
+            out[j] = self.encoded[first + j] = written[starts[j] : starts[j] + sizes[j]]
+        return out
+
+    def rest(self, written: int) -> None:
+        """:meth:`check` the members after the first ``written`` tokens (a storage's staging took those) in a new
+        array of their own, block by block."""
+        ends = self.ends
+        first = int(np.searchsorted(ends, written, side="right"))
+        m = len(self.arrays)
+        if first >= m:
+            return
+        base = int(ends[first - 1]) if first else 0
+        values = np.empty(int(ends[-1]) - base, dtype=np.float32)
+        cuts = np.searchsorted(ends, np.arange(base + _MASKED_BLOCK_TOKENS, int(ends[-1]), _MASKED_BLOCK_TOKENS))
+        bounds = [first, *sorted(set(cuts.tolist()) - {first}), m]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            lo = int(ends[a - 1]) if a else 0
+            block = values[lo - base : int(ends[b - 1]) - base]
+            np.concatenate(self.arrays[a:b], out=block)
+            self.check(a, b, block)
+
+    def unusual(self) -> list[int]:
+        """The members that may have a defect: outside the bounds, or masked without a model token or not ending on
+        one."""
+        odd = self.bad | ~self.last | (self.model == 0)
+        return np.flatnonzero(odd).tolist()
 
 
-#: masked members' tokens per block of prepare_many's passes (~10 passes over 4-byte values: 256 KB a block)
+#: tokens per block of prepare_many's passes where it writes the log-probs itself (256 KB of log-probs a block)
 _MASKED_BLOCK_TOKENS = 1 << 16
-#: the bits of MASKED_LOG_PROB, as an int32
-_MASKED_BITS = MASKED_LOG_PROB.view(np.int32)
 
 
 def _lengths(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -255,35 +291,6 @@ def _segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The starts and ends of consecutive segments of ``lengths`` tokens."""
     ends = np.cumsum(lengths)
     return ends - lengths, ends
-
-
-def _staged_bounds(
-    arrays: list[np.ndarray], lengths: np.ndarray, stage: Callable[..., np.ndarray | None] | None
-) -> list[bool]:
-    """:func:`_bounds_ok` of each of ``arrays`` (non-empty): read where ``stage`` writes them (for the first ones, or
-    all; block by block, while the cache holds them), the others from a copy of their own."""
-    starts, ends = _segments(lengths)
-    hi = np.empty(len(arrays), dtype=np.float32)
-    lo = np.empty(len(arrays), dtype=np.float32)
-
-    def check(first: int, stop: int, written: np.ndarray) -> None:
-        at = starts[first:stop] - starts[first]
-        np.maximum.reduceat(written, at, out=hi[first:stop])
-        np.minimum.reduceat(written, at, out=lo[first:stop])
-
-    staged = None if stage is None else stage(arrays, lengths, check)
-    n = 0 if staged is None else int(np.searchsorted(ends, staged.shape[0], side="right"))
-    if n < len(arrays):
-        check(n, len(arrays), np.concatenate(arrays[n:]))
-    return ((hi <= MAX_LOG_PROB) & (lo > -np.inf)).tolist()
-
-
-def _bounds_ok(values: np.ndarray, starts: np.ndarray) -> list[bool]:
-    """Per segment of ``values`` (from each of ``starts``, increasing, to the next; none empty): whether
-    :func:`log_prob_defect`'s two reductions pass on it."""
-    return (
-        (np.maximum.reduceat(values, starts) <= MAX_LOG_PROB) & (np.minimum.reduceat(values, starts) > -np.inf)
-    ).tolist()
 
 
 def encode(log_probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

@@ -122,7 +122,7 @@ class TokenStorage(abc.ABC):
         self,
         log_probs: Sequence[np.ndarray],
         lengths: np.ndarray | None = None,
-        check: Callable[[int, int, np.ndarray], None] | None = None,
+        check: Callable[[int, int, np.ndarray], Sequence[np.ndarray] | None] | None = None,
     ) -> np.ndarray | None:
         """Write the log-probs of the entries that the next ``put_many`` calls are expected to store (non-empty
         arrays, in the order they will come; ``lengths``: theirs, when the caller has them) where those calls would
@@ -130,13 +130,15 @@ class TokenStorage(abc.ABC):
         the layout may stage a first part of them only (the view says how many tokens), and None where it stages
         none (the default). ``check(first, stop, written)``, when given, is called after each block of entries
         first..stop-1 is written (``written``: their log-probs there), blocks of about :data:`STAGE_BLOCK_TOKENS`
-        tokens, so that the caller reads them while the cache holds them.
+        tokens, so that the caller reads them while the cache holds them. The check may rewrite ``written`` in
+        place; it then returns the arrays the next ``put_many`` calls will be handed for those entries instead of
+        the ones given (views of ``written``: what it holds is what they store), else None.
 
         Nothing observable changes: the place is free space. ``put_many`` skips the copy of log-probs it finds
         staged in place (the same arrays, in the same order, where it puts them) and copies everything else as
         always; :meth:`unstage` ends the staging. A collect call stages its members to store so that it checks
-        their log-probs where it has just written them (``exgrpo.experience.masks.prepare_many``) instead of
-        reading them twice."""
+        their log-probs, and encodes the loss masks of the masked ones, where it has just written them
+        (``exgrpo.experience.masks.prepare_many``) instead of reading and writing them again."""
         return None
 
     def unstage(self) -> None:

@@ -392,3 +392,54 @@ def test_tool_tokens_log_probs_do_not_move_the_loss_a_model_tokens_do(agg):
     model["behaviour_log_prob"][0, 7] -= 0.5
     loss3, grad3 = _loss_and_grad(model, agg)
     assert not torch.equal(loss3, loss) and not torch.equal(grad3[0, 7], grad[0, 7])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_masked_members_encoded_where_they_are_staged_are_stored_as_without_staging(seed):
+    """A collect call encodes its masked members' log-probs where the arena stages them and stores those views; what
+    the call does between the staging and the store (a question twice, retirements that free and compact the chunk
+    or release it, duplicates, defects and the cap that drop staged entries, a tail too short for all) never changes
+    what is stored: the same pool as the per-entry layout, which stages nothing."""
+    rng = np.random.default_rng(seed)
+
+    def fresh(r):
+        kind = r.integers(0, 5)
+        ids, mask, lps = exchange(r, turns=int(r.integers(1, 4)))
+        if kind == 0:  # a plain member
+            return GroupMember(ids.astype(np.int32), lps, 1.0)
+        if kind == 1:  # cut in a tool turn: a defect, not stored
+            return GroupMember(np.r_[ids, 7], np.r_[lps, -0.1].astype(np.float32), 1.0, loss_mask=np.r_[mask, 0])
+        if kind == 2:  # as the trainer hands them: int32 ids and a bool mask
+            return GroupMember(ids.astype(np.int32), lps, 1.0, loss_mask=mask.astype(np.bool_))
+        return GroupMember(ids, lps, 1.0, loss_mask=mask)
+
+    calls = []
+    for _ in range(12):
+        groups, seen = [], []
+        for _ in range(int(rng.integers(2, 7))):
+            q = f"q{int(rng.integers(0, 10))}"
+            r = np.random.default_rng(int(rng.integers(0, 1 << 30)))
+            if rng.random() < 0.15:  # K/K: retire it (frees its slots mid-call)
+                groups.append(Group(q, [fresh(r) for _ in range(K)]))
+                continue
+            members = [fresh(r) for _ in range(int(rng.integers(1, K)))]
+            if seen and rng.random() < 0.3:  # a duplicate of a member staged earlier in the call
+                members[0] = seen[int(rng.integers(0, len(seen)))]
+            seen += members
+            groups.append(Group(q, members + [wrong()] * (K - len(members))))
+        calls.append(groups)
+    pools = {
+        "arena, small chunks": ExperiencePool(K, chunk_tokens=48, max_entries_per_question=2),
+        "arena": ExperiencePool(K, chunk_tokens=4096, max_entries_per_question=2),
+        "per_entry": ExperiencePool(K, storage="per_entry", max_entries_per_question=2),
+    }
+    stats = {name: [] for name in pools}
+    for step, groups in enumerate(calls, start=1):
+        for name, pool in pools.items():
+            stats[name].append(pool.collect(step, groups).as_metrics())
+    expected = _contents(pools["per_entry"])
+    assert any(c for c in expected.values()) and pools["per_entry"].table.total_masked > 0
+    for name, pool in pools.items():
+        assert _contents(pool) == expected, name
+        assert stats[name] == stats["per_entry"] and pool.counters == pools["per_entry"].counters, name
+        assert pool.table.total_masked == pools["per_entry"].table.total_masked, name
