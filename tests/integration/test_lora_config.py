@@ -50,9 +50,7 @@ def test_settings_lora_cannot_combine_with_are_refused_naming_the_key():
     (overrides,) = printed_launches(QWEN)
     dry_run([*overrides, "actor_rollout_ref.model.lora_rank=1024", "actor_rollout_ref.model.lora.merge=true"])
     # the adapter synced through a checkpoint engine that sends the base weights only
-    (p,) = _problems(
-        "actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"
-    )
+    (p,) = _problems("actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")
     assert p.startswith("actor_rollout_ref.model.lora.merge=false with actor_rollout_ref.rollout.checkpoint_engine")
     # layered gathering of the adapter into an engine started without the base weights
     (p,) = _problems("actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.rollout.layered_summon=true")
@@ -100,9 +98,7 @@ def test_target_modules_that_match_no_layer_of_the_model_are_named(cpu_assets):
     (p,) = target_module_problems(_config(model, lora_rank=8, target_modules=".*attention.*"))
     assert p.startswith("actor_rollout_ref.model.target_modules='.*attention.*' matches no layer of Qwen2")
     assert target_module_problems(_config(model, lora_rank=8, target_modules=r".*\.self_attn\..*_proj")) == []
-    (p,) = target_module_problems(
-        _config(model, lora_rank=8, target_modules=["q_proj"], exclude_modules=["q_proj"])
-    )
+    (p,) = target_module_problems(_config(model, lora_rank=8, target_modules=["q_proj"], exclude_modules=["q_proj"]))
     assert p.startswith("actor_rollout_ref.model.exclude_modules=['q_proj'] excludes every layer")
     # full fine-tuning, or an adapter that brings its own targets: nothing to check
     assert target_module_problems(_config(model, lora_rank=0, target_modules=["nope"])) == []
