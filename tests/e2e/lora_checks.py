@@ -63,7 +63,7 @@ def load_through_verl(model_dir: Path, adapter_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     config = SimpleNamespace(lora_rank=8, lora_adapter_path=str(adapter_dir), use_shm=False)
     return FSDPEngine._build_lora_module(SimpleNamespace(model_config=config), model)
 
