@@ -29,7 +29,7 @@ from recipe.exgrpo.launch_checks.memory_estimate import (
     model_shape,
     parse_count,
 )
-from tests.helpers.launch_scripts import TRAIN_DIR, printed_launches
+from tests.helpers.launch_scripts import TRAIN_DIR, printed_launches, run_script, script_env
 
 pytestmark = pytest.mark.usefixtures("gpu_dry_run_env")
 
@@ -319,3 +319,33 @@ def test_verls_published_one_gpu_lora_setting_fits(tmp_path):
     assert update.weights_gib == pytest.approx(4 * (N_7B + ADAPTER_7B_R32) / GIB)  # fp32 base, loaded for the update
     assert estimate_generation_memory(config, card_gib=80)[0].fits
 
+
+ONE_GPU_SCRIPTS = {  # script -> (backbone, card GiB)
+    "exgrpo_qwen2.5_math_1.5b_80gb": ("Qwen2.5-Math-1.5B", 80),
+    "exgrpo_qwen2.5_math_7b_lora_80gb": ("Qwen2.5-Math-7B", 80),
+    "exgrpo_qwen2.5_math_1.5b_lora_24gb": ("Qwen2.5-Math-1.5B", 24),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_GPU_SCRIPTS))
+def test_every_one_gpu_script_prints_estimates_that_fit_its_card(name, capsys):
+    model, card = ONE_GPU_SCRIPTS[name]
+    (overrides,) = printed_launches(TRAIN_DIR / "one_gpu" / f"{name}.sh", MODEL_PATH=f"/models/{model}")
+    assert dry_run_main(["--quiet", "--gpu-memory-gib", str(card), "--", *overrides]) == 0
+    err = capsys.readouterr().err
+    assert "[dry-run] warning" not in err, err
+    for phase in ("generation", "the update"):
+        (line,) = [x for x in err.splitlines() if x.startswith(f"[dry-run] note: GPU memory during {phase}")]
+        assert f"of {card} GiB" in line and ("LoRA" in line) == ("lora" in name), line
+
+
+def test_the_24_gb_script_estimates_for_a_24_gb_card_end_to_end(tmp_path):
+    """DRY_RUN=1 through bash: the script's GPU_MEMORY_GIB default reaches the dry run, which prints both estimates."""
+    script = TRAIN_DIR / "one_gpu" / "exgrpo_qwen2.5_math_1.5b_lora_24gb.sh"
+    env = script_env(tmp_path, DRY_RUN="1", DRY_RUN_QUIET="1", MODEL_PATH="/models/Qwen2.5-Math-1.5B-16k")
+    env.pop("GPU_MEMORY_GIB", None)
+    proc = run_script(script, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "[dry-run] note: GPU memory during generation" in proc.stderr and "of 24 GiB" in proc.stderr
+    assert "[dry-run] note: GPU memory during the update" in proc.stderr
+    assert "[dry-run] warning" not in proc.stderr
