@@ -1,8 +1,16 @@
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# the version lives in one place, exgrpo/__init__.py (read as text: installing must not import the package)
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "exgrpo/__init__.py").read_text(encoding="utf-8"), re.M
+)[1]
 
 setup(
     name="exgrpo",
-    version="0.1.0",
+    version=VERSION,
     description="ExGRPO (Experiential Group Relative Policy Optimization) as a recipe on verl 0.9.1",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -4,4 +4,5 @@ This package must never import verl or ray (tests/unit/test_no_framework_imports
 the verl adapter lives in ``recipe/exgrpo``.
 """
 
-__version__ = "0.1.0"
+#: the project's version, the one place it is written (setup.py reads it; CHANGELOG.md says what each added)
+__version__ = "0.2.0"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (what CI runs): sets up the CPU venv and the vLLM CPU stack's venv, lints and checks
-# the formatting (ruff), then runs the whole suite, the slow real-verl runs (the hf and the vllm rollout) included.
+# the formatting (ruff), builds the docs site (mkdocs build --strict), then runs the whole suite, the slow real-verl
+# runs (the hf and the vllm rollout) included.
 # Extra arguments go to pytest (e.g. -m "not slow", -k pool): then one pytest session runs them, and nothing is built
 # in the background (the tiny models are built by the tests that need them; the vLLM tests run on .venv-vllm when it
 # exists and skip otherwise; EXGRPO_VLLM=1 builds it first). EXGRPO_VLLM=0 skips the vLLM stack (its tests skip).
@@ -22,6 +23,8 @@ bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+# the docs as a site (mkdocs.yml): a broken link or anchor in docs/ or the README fails the build (about 2 s)
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --quiet
 mkdir -p "$LOGS"
 PY="$VENV/bin/python"
 # OpenMP's idle threads sleep instead of spinning, in every session and every run they start: the sessions share

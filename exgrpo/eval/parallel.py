@@ -191,8 +191,8 @@ def run_replicas(
             for spec, proc, log in failed
         ]
         raise ReplicaError(
-            f"{len(failed)} of {len(procs)} replicas failed (what they generated is kept; rerun to finish):\n"
-            + "\n".join(lines)
+            f"{len(failed)} of {len(procs)} replicas failed (what they generated is kept; rerun to finish; "
+            "docs/troubleshooting.md#replicaerror):\n" + "\n".join(lines)
         )
 
 

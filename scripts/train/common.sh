@@ -197,7 +197,8 @@ print(int(ray.cluster_resources().get("GPU", 0)))' 2>/dev/null | tail -n 1)" ||
   if ((have < need)); then
     exgrpo_die "the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS has $have GPUs; the run needs NNODES x" \
       "N_GPUS_PER_NODE = $need. Start the missing workers (bash scripts/train/common.sh ray-worker HEAD_IP:6379)," \
-      "or lower NNODES; CHECK_RAY=0 skips this check."
+      "or lower NNODES; CHECK_RAY=0 skips this check" \
+      "(docs/troubleshooting.md#ray-placement-the-run-waits-for-gpus-for-ever)."
   fi
 }
 

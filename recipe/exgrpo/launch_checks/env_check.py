@@ -330,7 +330,7 @@ class Report:
         if self.ok:
             lines.append("result: OK")
         else:
-            lines.append(f"result: {len(self.problems)} problem(s)")
+            lines.append(f"result: {len(self.problems)} problem(s) (docs/troubleshooting.md#the-env-checks-mismatches)")
             shown = self.problems
             lock_problems = set(self.lock.problems) if self.lock is not None else set()
             if self.hint and len(lock_problems) > SHOWN_LOCK_PROBLEMS:  # a CPU stack: its lock differences are many

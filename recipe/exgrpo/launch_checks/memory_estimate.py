@@ -407,7 +407,8 @@ class GenerationMemory:
         return (
             f"{self.summary()}, more than {WARN_SHARE:.0%} of the card: vLLM may run out of memory or refuse to start "
             f"({UTILIZATION_KEY}={self.utilization:g} is a share of the whole card in vLLM 0.24); {fix}. The card "
-            f"size is {CARD_GIB_ENV} / --gpu-memory-gib (default {DEFAULT_CARD_GIB:g})"
+            f"size is {CARD_GIB_ENV} / --gpu-memory-gib (default {DEFAULT_CARD_GIB:g}); "
+            "docs/troubleshooting.md#gpu-memory-estimate-warning"
         )
 
 

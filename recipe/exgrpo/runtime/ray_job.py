@@ -381,7 +381,7 @@ def check_worker_imports(
             + "\nThe job ships recipe/ and exgrpo/ to the workers through ray_kwargs.ray_init.runtime_env.py_modules "
             f"unless {SHIP_CODE_ENV}=0; otherwise put the repository on every node's PYTHONPATH (bash "
             "scripts/train/common.sh ray-head / ray-worker do) or install it there (pip install -e .). See "
-            'docs/launch_scripts.md, "Several nodes".'
+            'docs/launch_scripts.md, "Several nodes", and docs/troubleshooting.md#workerimporterror.'
         )
     print(f"[exgrpo] every Ray node of this job ({len(reports)}) imports the recipe")
     if outside:

@@ -259,7 +259,7 @@ class StageDeadlineError(RuntimeError):
             f"stage {stage!r} of step {step} ran past its deadline of {limit_s:g} s ({self.basis}; stopped "
             f"after {elapsed_s:.0f} s): the run was stopped{partial}. The Python stacks of the driver and every Ray "
             f"worker at that moment: {where}. Re-running the same command resumes from the last complete checkpoint "
-            f"in {checkpoint_dir} (trainer.resume_mode=auto)."
+            f"in {checkpoint_dir} (trainer.resume_mode=auto). What to do: docs/troubleshooting.md#stagedeadlineerror"
         )
 
     def __reduce__(self):

@@ -118,7 +118,8 @@ def sandbox_problems(config: DictConfig, check_files: bool) -> list[str]:
         f"EXGRPO_SANDBOX_REQUIRE_ISOLATION is on, but this machine's kernel offers landlock_abi="
         f"{available.get('landlock_abi')} seccomp={available.get('seccomp')}: the python tool would refuse every "
         "call (exgrpo/sandbox/runner.py needs Landlock and seccomp-BPF). Run on a kernel with both, or set "
-        "EXGRPO_SANDBOX_REQUIRE_ISOLATION=0 to run the model's code with what this kernel offers"
+        "EXGRPO_SANDBOX_REQUIRE_ISOLATION=0 to run the model's code with what this kernel offers "
+        "(docs/troubleshooting.md#the-sandboxs-isolation-check)"
     ]
 
 
