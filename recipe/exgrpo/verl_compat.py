@@ -390,6 +390,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("verl", "verl.workers.engine.fsdp.transformer_impl:FSDPEngine", "_qat_enabled", "engine_qat_enabled"),
     PrivateName(
         "verl",
+        "verl.workers.engine.fsdp.transformer_impl:FSDPEngine",
+        "_merged_lora_per_tensor_param",
+        "overridden by the CPU engine (merged LoRA weights in float32, recipe/exgrpo/cpu/engines.py)",
+        ("self",),
+    ),
+    PrivateName(
+        "verl",
         "verl.utils.distributed",
         "initialize_global_process_group_ray",
         "replace_process_group_init",

@@ -3,9 +3,11 @@
 The same trainer, fused old-log-prob pass, loss and pool as on the ``hf`` stand-in, now fed by vLLM's async HTTP
 server replica, the bucketed shared-memory weight transfer after every update and vLLM's sampling log-probs:
 
-- ExGRPO on verl's v1 trainer replays (mixed from step 1), replayed rows reach the loss, one actor forward call per
-  step, nothing is left in TransferQueue, and the rollout's log-probs match the actor's after every update (the
-  weight sync works), and a resume from a checkpoint draws what the uninterrupted run draws;
+- ExGRPO on verl's v1 trainer with a LoRA actor replays (mixed from step 1), replayed rows reach the loss, one actor
+  forward call per step, nothing is left in TransferQueue, and the rollout's log-probs match the actor's after every
+  update (the adapter sync works: vLLM serves the adapter as a LoRA request), the checkpoint holds the adapter and the
+  untouched base weights, verl's ``lora_adapter_path`` loader continues from it, and a resume from a checkpoint
+  draws what the uninterrupted run draws;
 - on-policy GRPO (``exgrpo.enable=false``) on the legacy trainer, in the run whose skipped weight syncs fail the
   agreement check (the negative control; its figures are in docs/cpu_backend.md);
 - a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging
@@ -24,6 +26,7 @@ import pytest
 
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
 from tests.e2e.helpers import assert_ran, assert_resume_repeats_the_next_draw, read_trace
+from tests.e2e.lora_checks import check_adapter_continues, check_lora_checkpoint
 from tests.helpers.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.slow]
@@ -34,6 +37,11 @@ STEPS = 4
 # to ~1e-5 per token. One update at this run's learning rate moves them by ~1e-2 or more (the negative control
 # below, docs/cpu_backend.md), so a max gap under 1e-3 on every step means the weights reached the engine.
 MAX_ROLLOUT_ACTOR_GAP = 1e-3
+# The ExGRPO run and its resume train a LoRA adapter (full fine-tuning on vLLM: the weight-sync tests below and the
+# multi-turn run of tests/e2e/test_multi_turn_cpu.py); vLLM serves it as a LoRA request, synced after every update
+# (lora.merge=false). At this learning rate one update moves the adapted policy's log-probs by more than the gap
+# above (the agreement check caught a run whose adapter syncs were skipped: docs/learning.md, "LoRA")
+LORA = dict(lora_rank=8, lora_alpha=16, lora_merge=False, lr=2e-3)
 FAULTS_MODULE = "tests.e2e.vllm_faults"
 # a backstop against a hang, not a timing check: a run takes ~2 minutes on a quiet 2-core machine, several times
 # that on a busy one
@@ -48,7 +56,7 @@ def _run(tmp: Path, name: str, python: str, assets, ray_temp_dir: str, **kw) -> 
         rollout_n=K,
         train_batch_size=8,
         ppo_mini_batch_size=8,
-        lr=1e-3,
+        lr=kw.pop("lr", 1e-3),
         delayed_start_threshold=-1.0,  # mixed from step 1: the pool collected at step 1 is replayed from step 2
         wall_limit_s=kw.pop("wall_limit_s", WALL_LIMIT_S),
         ray_temp_dir=ray_temp_dir,
@@ -75,7 +83,7 @@ def exgrpo_on_vllm(tmp_path_factory, new_ray_temp_dir, vllm_python, vllm_assets)
     tmp = tmp_path_factory.mktemp("vllm_exgrpo")
     # on verl's v1 trainer (the legacy trainer runs on vLLM in the weight-sync tests below)
     out, metrics, result = _run(
-        tmp, "uninterrupted", vllm_python, vllm_assets, new_ray_temp_dir(), save_freq=2, trainer="v1"
+        tmp, "uninterrupted", vllm_python, vllm_assets, new_ray_temp_dir(), save_freq=2, trainer="v1", **LORA
     )
     assert_ran("uninterrupted", result)
     return out, metrics
@@ -97,6 +105,14 @@ def test_exgrpo_on_vllm_replays_in_one_actor_pass_with_synced_weights(exgrpo_on_
     assert all(m["actor/grad_norm"] > 0 for m in steps)
     assert [m["exgrpo/v1/leaked_rows"] for m in steps] == [0] * STEPS  # the v1 trainer's TransferQueue stays clean
     assert (out / "checkpoints" / "global_step_2" / "exgrpo" / "pool").is_dir()
+
+
+@pytest.mark.timeout(600)
+def test_the_lora_checkpoint_on_vllm_holds_the_adapter_and_the_untouched_base_weights(exgrpo_on_vllm, vllm_assets):
+    out, _ = exgrpo_on_vllm
+    step_dir = out / "checkpoints" / "global_step_2"
+    adapter = check_lora_checkpoint(step_dir, vllm_assets.model_path, LORA["lora_rank"])
+    check_adapter_continues(vllm_assets.model_path, step_dir, adapter)
 
 
 @pytest.mark.timeout(600)
@@ -129,6 +145,7 @@ def test_resume_on_vllm_draws_what_the_uninterrupted_run_draws(
         resume_from_path=str(saved),
         steps=3,
         trainer="v1",
+        **LORA,
     )
     assert_ran("resumed", result)
 

@@ -35,6 +35,7 @@ from tests.helpers.launch_scripts import (
 )
 
 ABLATION_DIR = TRAIN_DIR / "ablations"
+ONE_GPU_DIR = TRAIN_DIR / "one_gpu"
 REPRODUCE_DIR = REPO / "scripts" / "reproduce"
 
 pytestmark = pytest.mark.usefixtures("gpu_dry_run_env")
@@ -67,7 +68,12 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 
 def all_scripts() -> list[Path]:
     train = [p for p in sorted(TRAIN_DIR.glob("*.sh")) if p.name != "common.sh"]
-    return train + sorted(ABLATION_DIR.glob("*.sh")) + sorted(REPRODUCE_DIR.glob("*.sh"))
+    return (
+        train
+        + sorted(ABLATION_DIR.glob("*.sh"))
+        + sorted(ONE_GPU_DIR.glob("*.sh"))
+        + sorted(REPRODUCE_DIR.glob("*.sh"))
+    )
 
 
 _COMPOSED: dict[tuple[str, ...], DryRunReport] = {}
@@ -106,6 +112,7 @@ def test_the_expected_scripts_exist():
     expected |= {f"train/ablations/{a}.sh" for a in ABLATIONS}
     expected |= {"reproduce/reproduce_1.5b.sh", "reproduce/reproduce_7b.sh"}
     expected |= {f"train/{kind}_qwen2.5_7b_instruct_tir.sh" for kind in ("exgrpo", "onpolicy")}
+    expected |= {f"train/one_gpu/{name}.sh" for name in ONE_GPU}
     assert expected <= names, f"missing: {sorted(expected - names)}"
     # a new ablation preset must get its row in ABLATIONS (and so its check below)
     assert {p.stem for p in ABLATION_DIR.glob("*.sh")} == set(ABLATIONS)
@@ -203,6 +210,58 @@ def test_ablation_preset_is_one_switch_on_the_7b_run(name, reports):
         assert getattr(preset.exgrpo, key) == pytest.approx(value), key
     if name.startswith("sigma_"):  # the paper's count units: sigma (accuracy) x K = the row's value
         assert preset.exgrpo.sigma * preset.config.actor_rollout_ref.rollout.n == pytest.approx(float(name[6:]))
+
+
+#: The one-GPU scripts: the 8-GPU run each starts from, and every setting it changes (resolved config paths).
+_LORA = {
+    "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype",
+    "actor_rollout_ref.rollout.load_format",
+    "actor_rollout_ref.rollout.layered_summon",
+}
+_ONE_CARD = {
+    "trainer.n_gpus_per_node",
+    "actor_rollout_ref.rollout.n_gpus_per_node",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    # the watchdog's deadlines of the GPU-bound stages: one card does the 8-GPU run's work
+    "stage_deadlines.generate_s",
+    "stage_deadlines.old_log_prob_s",
+    "stage_deadlines.update_s",
+    "stage_deadlines.validate_s",
+}
+_TOKENS = {
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+}
+ONE_GPU: dict[str, tuple[str, set[str]]] = {
+    "exgrpo_qwen2.5_math_1.5b_80gb": ("exgrpo_qwen2.5_math_1.5b", _ONE_CARD),
+    "exgrpo_qwen2.5_math_7b_lora_80gb": (
+        "exgrpo_qwen2.5_math_7b",
+        _ONE_CARD | _LORA | {"actor_rollout_ref.rollout.tensor_model_parallel_size"},
+    ),
+    "exgrpo_qwen2.5_math_1.5b_lora_24gb": ("exgrpo_qwen2.5_math_1.5b", _ONE_CARD | _LORA | _TOKENS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_GPU))
+def test_a_one_gpu_script_is_its_8_gpu_run_with_what_one_gpu_needs(name, reports):
+    """Batch, K, lengths, steps and every ExGRPO setting are the paper run's; only the listed settings differ."""
+    base, changed = ONE_GPU[name]
+    one, paper = reports[f"train/one_gpu/{name}.sh"], reports[f"train/{base}.sh"]
+    assert differing_paths(one, paper) == changed
+    c = one.config
+    assert c.trainer.n_gpus_per_node == 1 and c.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    assert (c.data.train_batch_size, c.actor_rollout_ref.rollout.n) == (128, 8)
+    assert (c.data.max_prompt_length, c.data.max_response_length) == (1024, 8192)
+    if "lora" in name:  # the FSDP actor's keys (the model.lora block's rank is Megatron's)
+        assert c.actor_rollout_ref.model.lora_rank > 0 and c.actor_rollout_ref.model.lora.rank == 0
+        assert c.actor_rollout_ref.model.target_modules == "all-linear"
+        # vLLM serves the adapter, loading the base itself (lora.py refuses layered_summon on dummy weights)
+        assert c.actor_rollout_ref.model.lora.merge is False
+        assert c.actor_rollout_ref.rollout.load_format == "safetensors" and c.actor_rollout_ref.rollout.layered_summon
 
 
 def test_reproduction_scripts_train_both_arms(launches):

@@ -3,7 +3,9 @@
 verl registers ``FSDPEngineWithLMHead``/``FSDPEngineWithValueHead`` for ``cuda`` and ``npu`` only, so on the CPU
 platform ``EngineRegistry`` answers "No engine registered for device='cpu'" (docs/cpu_backend.md, blocker 5). The
 subclasses below add nothing to the training maths; they fail fast, naming the key and the fix, on settings
-that would otherwise break deep inside FSDP or transformers on a CPU (FSDP1, flash attention).
+that would otherwise break deep inside FSDP or transformers on a CPU (FSDP1, flash attention). One thing differs
+from verl's engine, the precision of merged LoRA weights sent to the rollout
+(:meth:`CpuFSDPEngineWithLMHead._merged_lora_per_tensor_param`).
 """
 
 from __future__ import annotations
@@ -44,11 +46,33 @@ def check_cpu_engine_settings(model_config, engine_config) -> None:
 
 
 class CpuFSDPEngineWithLMHead(FSDPEngineWithLMHead):
-    """verl's FSDP actor/ref engine, unchanged, behind the CPU settings check."""
+    """verl's FSDP actor/ref engine behind the CPU settings check, with merged LoRA weights sent in full precision."""
 
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config, *args, **kwargs):
         check_cpu_engine_settings(model_config, engine_config)
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, *args, **kwargs)
+
+    def _merged_lora_per_tensor_param(self):
+        """The merged (base + LoRA) weights for the rollout (``actor_rollout_ref.model.lora.merge=true``), each in
+        its parameter's dtype.
+
+        verl's own stream casts every merged tensor to bf16, which is what a GPU rollout holds anyway. The CPU
+        rollouts hold float32 weights, as the actor does: bf16-rounded weights put the rollout's log-probs up to
+        ~3e-2 away from the actor's before any update (measured on the tiny model), 10^4 times the float32 floor the
+        rollout/actor agreement check reads, and the check could no longer tell a stale rollout from rounding. As in
+        verl, the merge happens inside ``merged_lora_context`` (the base weights are backed up and restored after,
+        byte for byte) and every tensor is a copy made while the merge holds.
+        """
+        from torch.distributed.tensor import DTensor
+        from verl.utils.fsdp_utils import merged_lora_context, normalize_peft_param_name
+        from verl.utils.model import convert_weight_keys
+
+        with merged_lora_context(self.module, backup_adapters=True):
+            params = normalize_peft_param_name(self.module.state_dict())
+            params = convert_weight_keys(params, getattr(self.module, "_fsdp_wrapped_module", self.module))
+            for name, param in params.items():
+                full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+                yield name, full.clone()  # (a one-rank full_tensor() may alias the live parameter)
 
 
 class CpuFSDPEngineWithValueHead(FSDPEngineWithValueHead):

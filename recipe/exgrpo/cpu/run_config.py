@@ -280,6 +280,13 @@ def cpu_config_problems(cfg: Any, env: Mapping[str, str] | None = None) -> list[
         )
     if name == "vllm":
         problems += vllm_rollout_problems(cfg)
+    lora_rank = _get(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
+    if name == "hf" and int(lora_rank) > 0 and not _get(cfg, "actor_rollout_ref.model.lora.merge", False):
+        problems.append(
+            f"actor_rollout_ref.model.lora.merge=False with actor_rollout_ref.model.lora_rank={lora_rank}: the hf "
+            "rollout loads merged weights only (it has no LoRA adapter path); set actor_rollout_ref.model.lora.merge="
+            "True, or rollout.name=vllm, which serves the adapter"
+        )
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         value = _get(cfg, f"{rollout}.{key}", 1)
         if value != 1:

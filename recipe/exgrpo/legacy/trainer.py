@@ -44,6 +44,7 @@ from verl.utils.metric import reduce_metrics
 from recipe.exgrpo import verl_compat
 from recipe.exgrpo.dataproto import as_dataproto, rows_of
 from recipe.exgrpo.legacy.generation import expand_by_counts, generate_with_counts
+from recipe.exgrpo.lora import save_lora_adapter
 from recipe.exgrpo.replay_step import Rows, StepState, prune_pools
 from recipe.exgrpo.replay_step.fields import QUESTION_ID_KEY, ROW_KEY
 from recipe.exgrpo.runtime.stage_deadlines import StageClock, deadlines_from_config
@@ -87,6 +88,7 @@ class RayExGRPOTrainer(RayPPOTrainer):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         self.replay.save(folder, self.global_steps)
         super()._save_checkpoint()
+        save_lora_adapter(self.config, folder)
         removed = prune_pools(self.config.trainer.default_local_dir, self.config.trainer.get("max_actor_ckpt_to_keep"))
         if removed:
             print(f"[exgrpo] removed the pools of older checkpoints (trainer.max_actor_ckpt_to_keep): {removed}")

@@ -33,6 +33,7 @@ from verl.utils.debug import marked_timer
 
 from recipe.exgrpo import verl_compat
 from recipe.exgrpo.dataproto import as_dataproto, rows_of
+from recipe.exgrpo.lora import save_lora_adapter
 from recipe.exgrpo.replay_step import ReplayStep, Rows, StepState, prune_pools
 from recipe.exgrpo.replay_step.batch import response_lengths
 from recipe.exgrpo.replay_step.fields import (
@@ -111,6 +112,7 @@ class ExGRPOTrainerV1(PPOTrainerSync):
         with self.stage_clock.stage("save_checkpoint", self.global_steps):
             self.replay.save(folder, self.global_steps)  # the pool first: verl's tracker file is written last
             super()._save_checkpoint()
+            save_lora_adapter(self.config, folder)
         removed = prune_pools(self.config.trainer.default_local_dir, self.config.trainer.get("max_actor_ckpt_to_keep"))
         if removed:
             print(f"[exgrpo] removed the pools of older checkpoints (trainer.max_actor_ckpt_to_keep): {removed}")

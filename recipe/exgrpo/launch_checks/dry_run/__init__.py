@@ -22,8 +22,9 @@ every check that needs neither GPUs, Ray, a model nor the data:
    (``CHECK_CONTEXT``), and the data's prompts suit the chat template (the Llama-3.1-8B base prompt with the verbatim
    template, chat rows otherwise);
 8. the GPU memory of generation: the FSDP actor's resident state per GPU plus vLLM's ``gpu_memory_utilization``
-   share of the card (``recipe/exgrpo/launch_checks/memory_estimate.py``; ``--gpu-memory-gib``, ``--model-params``):
-   a warning naming the setting and a value that fits when the sum nears the card's memory;
+   share of the card (``recipe/exgrpo/launch_checks/memory_estimate.py``; ``--gpu-memory-gib``, ``--model-params``),
+   and of the update (weights, gradients, optimizer state, one micro-batch's activations; LoRA-aware): a warning
+   naming the setting and a value that fits when a sum nears the card's memory;
 9. a run whose rollouts call tools: ``multi_turn.format`` is a tool-call format verl registers, and with
    ``--check-paths`` the tool files exist and the function-tool file defines a tool (verl's loader only warns);
    the data files here have an ``agent_name`` column (else no row reaches a loop with tools); with the recipe's
@@ -50,7 +51,7 @@ from recipe.exgrpo.launch_checks.dry_run.compose import (
     suggest_key,
 )
 from recipe.exgrpo.launch_checks.dry_run.driver import build_parser, dry_run, main
-from recipe.exgrpo.launch_checks.dry_run.memory import generation_memory
+from recipe.exgrpo.launch_checks.dry_run.memory import generation_memory, update_memory
 from recipe.exgrpo.launch_checks.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
 from recipe.exgrpo.launch_checks.dry_run.overrides import OPEN_MAPS, VERL_RANGES, check_overrides
 from recipe.exgrpo.launch_checks.dry_run.paths import check_context, check_paths, check_prompt_style, launch_path_checks
@@ -93,6 +94,7 @@ __all__ = [
     "reward_summary",
     "run_entry_point_checks",
     "run_worker_checks",
+    "update_memory",
     "sandbox_problems",
     "suggest_key",
 ]

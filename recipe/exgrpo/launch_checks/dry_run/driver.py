@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recipe.exgrpo.launch_checks.dry_run.compose import CONFIG_DIR, DEFAULT_CONFIG_NAME, compose_config
-from recipe.exgrpo.launch_checks.dry_run.memory import generation_memory
+from recipe.exgrpo.launch_checks.dry_run.memory import generation_memory, update_memory
 from recipe.exgrpo.launch_checks.dry_run.multi_turn import data_agent_problems, multi_turn_problems, sandbox_problems
 from recipe.exgrpo.launch_checks.dry_run.overrides import check_overrides
 from recipe.exgrpo.launch_checks.dry_run.paths import launch_path_checks
@@ -62,6 +62,13 @@ def dry_run(
         (warnings if warning else notes).append(warning or estimate.summary())
     elif why_not and str(config.actor_rollout_ref.rollout.name) == "vllm":
         notes.append(f"no GPU memory estimate: {why_not}")
+    if estimate is not None:
+        update, why_not = update_memory(config, card_gib, model_params)
+        if update is not None:
+            warning = update.warning()
+            (warnings if warning else notes).append(warning or update.summary())
+        else:
+            notes.append(f"no GPU memory estimate of the update: {why_not}")
     return DryRunReport(
         config=config,
         exgrpo=exgrpo,

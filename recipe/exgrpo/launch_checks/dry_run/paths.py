@@ -70,6 +70,30 @@ def launch_path_checks(config: DictConfig, strict: bool) -> tuple[list[str], lis
                 not_checked.append(f"{key}: {var} is not set (a placeholder stands in): the file, its prompts")
             else:
                 not_checked.append(f"{key}: {f} does not exist on this machine: the file, its prompts")
+    lora_p, lora_n = lora_path_checks(config, strict, local_model and os.path.isdir(os.path.expanduser(model)))
+    return problems + lora_p, not_checked + lora_n
+
+
+def lora_path_checks(config: DictConfig, strict: bool, model_here: bool) -> tuple[list[str], list[str]]:
+    """(problems, not checked) of a LoRA run's files: the adapter of ``lora_adapter_path`` (its rank and alpha are
+    checked against the config's at start-up when it is here) and the model whose layers the target modules must
+    match (``recipe/exgrpo/lora.py``)."""
+    from recipe.exgrpo.lora import ADAPTER_PATH_KEY, TARGETS_KEY, LoraSettings
+
+    lora = LoraSettings.of(config)
+    if not lora.enabled:
+        return [], []
+    problems, not_checked = [], []
+    path = lora.adapter_path
+    if path and "://" not in str(path) and not os.path.isdir(os.path.expanduser(str(path))):
+        if strict:
+            problems.append(f"{ADAPTER_PATH_KEY}={path} is not a directory")
+        else:
+            not_checked.append(f"{ADAPTER_PATH_KEY}: {path} does not exist on this machine: its rank and alpha")
+    elif path and "://" in str(path):
+        not_checked.append(f"{ADAPTER_PATH_KEY}: {path} is remote: its rank and alpha")
+    if not path and not model_here:
+        not_checked.append(f"{TARGETS_KEY}: the model is not on this machine: the layers the target modules match")
     return problems, not_checked
 
 

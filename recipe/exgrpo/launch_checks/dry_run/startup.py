@@ -51,5 +51,23 @@ def run_entry_point_checks(config: DictConfig) -> tuple[Any, list[str]]:
                 config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
             )
         except Exception as e:
-            problems.append(f"verl validate_config: {error_text(e)}")
+            if not _vllm_lora_rank_unchecked_here(config, e):
+                problems.append(f"verl validate_config: {error_text(e)}")
     return exgrpo, problems
+
+
+def _vllm_lora_rank_unchecked_here(config: DictConfig, error: Exception) -> bool:
+    """verl's last check, vLLM's LoRA rank (an adapter synced to a vLLM rollout), imports vLLM, which a machine that
+    only prepares the launch may not have: there the check cannot run, and ``recipe/exgrpo/lora.py`` checks the
+    same bound (every check before it has passed)."""
+    import importlib.util
+
+    from recipe.exgrpo.lora import LoraSettings
+
+    lora = LoraSettings.of(config)
+    return (
+        lora.adapter_sync
+        and lora.rollout == "vllm"
+        and importlib.util.find_spec("vllm") is None
+        and "vllm version" in str(error)
+    )
