@@ -5,6 +5,7 @@ real verl run."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -79,6 +80,35 @@ def test_an_exception_during_the_run_kills_the_session_without_the_grace_wait(tm
     assert len(seen) == 3
     assert took < 20, f"run_in_new_session took {took:.1f} s to return after the exception (the grace wait ran)"
     assert _alive(seen) == [], f"processes of the session survived: {_alive(seen)}"
+    assert active_sessions() == []
+
+
+def test_a_stop_raised_inside_popens_wait_lock_still_ends_the_run_at_once(tmp_path, monkeypatch):
+    """A stop signal's handler may raise right after ``Popen.wait`` took its internal lock, before the block that
+    releases it (seen once in CI: the demo then waited 10 s on a process long dead and exited 1 with
+    ``TimeoutExpired``). The fault injected: the first ``wait`` takes the lock and raises, as that handler does.
+    The run must still end at once, its process killed and reaped, and the stop reach the caller."""
+    from exgrpo.stop_signals import Stopped
+
+    waits: list[subprocess.Popen] = []
+    real_wait = subprocess.Popen.wait
+
+    def wait_stopped_inside_its_lock(self, timeout=None):
+        if waits:  # a later wait (the old clean-up's) is Popen's own, which then finds the lock held
+            return real_wait(self, timeout)
+        waits.append(self)
+        self._waitpid_lock.acquire()  # never released: the handler's exception skipped the release
+        raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", wait_stopped_inside_its_lock)
+    started = time.monotonic()
+    with pytest.raises(Stopped):
+        run_in_new_session(TWO_SLEEPS, env={}, timeout_s=120, log_path=tmp_path / "log", leftover_grace_s=60)
+    took = time.monotonic() - started
+    (proc,) = waits
+    assert took < 8, f"the stop took {took:.1f} s to reach the caller"
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left behind
+        os.waitpid(proc.pid, os.WNOHANG)
     assert active_sessions() == []
 
 

@@ -178,6 +178,32 @@ def main_until_stopped(main: Callable[[], int | None], label: str) -> int:
     return stop_signals.main_until_stopped(main, stop, label)
 
 
+def reap(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Kill ``proc`` if it still runs and collect its exit status, without ``Popen.poll``/``Popen.wait``.
+
+    Those take a lock and give up when they cannot have it. A stop signal's handler raises in the main thread
+    wherever it is; landing just after ``Popen.wait`` took that lock and before the block that releases it, it
+    leaves the lock held for good, and every later ``poll``/``wait`` of that ``Popen`` then answers "still
+    running" (``wait(timeout=10)`` raised ``TimeoutExpired`` for a process long dead). ``os.waitpid`` needs no lock.
+    """
+    deadline = time.monotonic() + timeout_s
+    killed = False
+    while proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (psutil's wait reaps the children it waits for)
+            return
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return
+        if not killed:  # alive, so the pid is still its own: safe to signal
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = True
+        elif time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        time.sleep(0.02)
+
+
 @contextmanager
 def new_session(cmd: Sequence[str], **popen_kwargs) -> Iterator[subprocess.Popen]:
     """``subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)``, registered; on leaving the block, however
@@ -189,9 +215,7 @@ def new_session(cmd: Sequence[str], **popen_kwargs) -> Iterator[subprocess.Popen
     finally:
         try:
             kill_session(proc.pid)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+            reap(proc)
         finally:
             unregister_session(proc.pid)
 
@@ -270,9 +294,7 @@ def run_in_new_session(
                 stop.set()
                 leftovers = _wait_session_empty(sid, proc.pid, grace_s=leftover_grace_s) if ended else []
                 kill_session(sid)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=10)
+                reap(proc)
             finally:
                 unregister_session(sid)
                 sampler.join(timeout=5)
