@@ -143,8 +143,8 @@ def test_the_trainer_is_one_setting_and_a_bad_one_is_named():
     proc = run_script(script, env=script_env(DRY_RUN="print", TRAINER="v2"))
     assert proc.returncode != 0 and "TRAINER=v2: use legacy" in proc.stderr
     with pytest.raises(DryRunError) as err:
-        compose([*v1, "trainer.v1.trainer_mode=colocate_async"])
-    assert "trainer.v1.trainer_mode='colocate_async' is not supported" in str(err.value)
+        compose([*v1, "trainer.v1.trainer_mode=separate_async"])
+    assert "trainer.v1.trainer_mode='separate_async' is not supported" in str(err.value)
 
 
 # ------------------------------------------------------------------------------------ released settings
