@@ -47,3 +47,70 @@ def test_staleness_metrics_split_by_age_and_span():
     assert m["exgrpo/staleness/old_vs_rollout_ratio/age_2plus/min"] == pytest.approx(0.5)
     assert m["exgrpo/staleness/old_vs_rollout_ratio/age_2plus/tokens"] == 2
     assert staleness_metrics(1, np.zeros((0, 2)), []) == {}
+
+
+def test_prompts_in_flight_at_a_checkpoint_are_reissued_with_their_ledgers_sample_count(monkeypatch):
+    """On resume verl re-issues the prompts that were pending or running when the checkpoint was saved
+    (``PPOTrainer._reissue_inflight_prompts``, its own code over a stand-in TransferQueue): the adapter gives each its
+    ledger's sample count, K−1 for a replayed question (whatever count the stored prompt fields carry), so it trains
+    as replayed; a finished group is not re-issued; the issue step becomes the resumed step."""
+    import verl.trainer.ppo.v1.trainer_base as base
+    from verl.utils import tensordict_utils as tu
+
+    from recipe.exgrpo.v1.async_trainer import ExGRPOTrainerV1ColocateAsync
+
+    stored = {
+        "ufresh": {"is_prompt": True, "status": "running", "global_steps": 2},
+        "ureplayed": {"is_prompt": True, "status": "pending", "global_steps": 2},
+        "udone": {"is_prompt": True, "status": "finished", "global_steps": 2},
+        "ufresh_0_0": {
+            "status": "running"
+        },  # a partial trajectory of a prompt in flight: verl clears it (a uid has no "_")
+    }
+    calls: dict = {"cleared": [], "put": []}
+
+    class FakeTQ:
+        @staticmethod
+        def kv_list(partition_id=None):
+            return {"train": dict(stored)}
+
+        @staticmethod
+        def kv_batch_get(keys, partition_id):
+            # the prompt fields verl saved; the sample count as first submitted (here deliberately wrong: 8)
+            return tu.get_tensordict(
+                {"uid": np.array(list(keys), dtype=object), "__rollout_n__": np.array([8] * len(keys), dtype=object)}
+            )
+
+        @staticmethod
+        def kv_clear(keys, partition_id):
+            calls["cleared"] += list(keys)
+
+        @staticmethod
+        def kv_batch_put(keys, partition_id, tags=None, fields=None):
+            calls["put"] += list(keys)
+
+    class FakeAgentLoop:
+        def __init__(self):
+            self.batches = []
+
+        def generate_sequences(self, batch):
+            self.batches.append(batch)
+
+    monkeypatch.setattr(base, "tq", FakeTQ)
+    trainer = object.__new__(ExGRPOTrainerV1ColocateAsync)
+    trainer.trainer_mode = "colocate_async"
+    trainer.global_steps = 3
+    trainer.agent_loop_manager = manager = FakeAgentLoop()
+    trainer.ledger = IssueLedger()
+    trainer.ledger.add("ufresh", Issue("qf", 1, False, 2, 4))
+    trainer.ledger.add("ureplayed", Issue("qr", 2, True, 2, 3))
+    trainer.ledger.add("udone", Issue("qd", 3, True, 2, 3))
+
+    assert trainer._reissue_inflight_prompts() == 2
+    (batch,) = manager.batches
+    counts = dict(zip([str(u) for u in batch["uid"]], [int(n) for n in batch["__rollout_n__"]]))
+    assert counts == {"ufresh": 4, "ureplayed": 3}
+    assert calls["cleared"] == ["ufresh_0_0"] and sorted(calls["put"]) == ["ufresh", "ureplayed"]
+    assert trainer.ledger.issues["ureplayed"].step == 3 and trainer.ledger.issues["udone"].step == 2
+    assert trainer._reissued == {"fresh": 1, "replayed": 1}
+    assert "generate_sequences" not in vars(manager)  # the manager's own method again
