@@ -157,6 +157,7 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
         #: verl's refill of evicted groups issues fresh prompts only; the warm-up and the steps' issues draw replay
         self._issues_draw_replay = True
         self._issue_counts = {"fresh": 0, "replayed": 0, "refill": 0}
+        self._issue_metrics: dict = {}
 
     def _init_dataloader(self):
         super()._init_dataloader()
@@ -190,7 +191,7 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
             drawn = replay.experience.draw_replay(n, step, exclude=in_flight)
             plan = replay.experience.plan_questions(drawn, max_response_length=replay.response_width)
             replayed = list(plan.question_ids)
-        metrics: dict = {}
+        metrics = self._issue_metrics  # the fresh prompts' figures, logged with the next step's
         fresh_rows = replay.fresh.take(n - len(replayed), exclude=in_flight | set(replayed), metrics=metrics)
         rows = fresh_rows + [replay.row_of_question[q] for q in replayed]
         k = replay.k
@@ -306,6 +307,8 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
             "replayed_members": [],
         }
         m = state.metrics
+        m.update(self._issue_metrics)
+        self._issue_metrics = {}
         m["exgrpo/async/in_flight"] = float(len(self.ledger))
         m["exgrpo/async/evicted_fresh"] = float(sum(not i.replayed for i in evicted))
         m["exgrpo/async/evicted_replayed"] = float(sum(i.replayed for i in evicted))
