@@ -3,6 +3,7 @@
     python benchmarks/exgrpo_vs_grpo_cpu.py [--steps 12] [--repeats 3] [--out outputs/bench_exgrpo_vs_grpo]
     python benchmarks/exgrpo_vs_grpo_cpu.py --rollout vllm [--vllm-python .venv-vllm/bin/python] [--repeats 2]
     python benchmarks/exgrpo_vs_grpo_cpu.py --trainer both [--rollout vllm]   # verl's legacy and v1 trainers
+    python benchmarks/exgrpo_vs_grpo_cpu.py --trainer v1 --mode both --rollout vllm   # v1's sync and colocate_async
 
 Both arms run the real verl trainer through ``recipe.exgrpo.main_exgrpo`` (on-policy = ``exgrpo.enable=false``)
 with the same model, data, batch and seed. Replay starts at step 1 (delayed start off) so every measured ExGRPO
@@ -18,7 +19,11 @@ ratio ExGRPO / GRPO of the median step times. The paper's release costs +19.0% p
 head-32 tiny model): the closer stand-in for a GPU step, where the generation that replay saves (K-1 instead of K
 samples for a replayed question) goes through the real engine. ``--trainer v1`` runs both arms on verl's v1 trainer
 (``trainer.use_v1=true``); ``--trainer both`` runs the four arms (GRPO and ExGRPO on each trainer) alternating, and
-prints the table and the ratio per trainer.
+prints the table and the ratio per trainer. ``--mode colocate_async`` runs the v1 arms in verl's asynchronous
+``colocate_async`` mode (docs/algorithm.md §15; verl's defaults: one warm-up batch ahead, staleness bound 8);
+``--mode both`` runs each v1 arm in both modes, and prints the async / sync ratios too. Every arm also reports steps
+per minute (from the median step) and generated tokens per second (the model tokens of the generated rows the update
+trained on, ``actor/exgrpo/fresh_tokens``, over the measured steps' seconds).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ PER_STEP = {
     "actor_calls": "exgrpo/actor_log_prob_calls",
     "candidate_rows": "exgrpo/old_log_prob_candidate_rows",
     "replayed": "exgrpo/replayed_questions",
+    "gen_tokens": "actor/exgrpo/fresh_tokens",
 }
 
 
@@ -58,6 +64,7 @@ def run_once(
     rollout: str = "hf",
     python: str | None = None,
     trainer: str = "legacy",
+    mode: str = "sync",
 ) -> dict:
     """One training run; returns its measured steps' figures (lists, one value per step) and run totals."""
     run = ExGRPOCpuRun(
@@ -70,6 +77,7 @@ def run_once(
         rollout=rollout,
         python=python,
         trainer=trainer,
+        extra_overrides=[] if mode == "sync" else [f"trainer.v1.trainer_mode={mode}"],
     )
     result = launch(run, assets, echo=False)
     if result.returncode != 0:
@@ -99,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         help="verl's trainer the arms run on (both: GRPO and ExGRPO on each)",
     )
     parser.add_argument(
+        "--mode",
+        choices=("sync", "colocate_async", "both"),
+        default="sync",
+        help="the v1 trainer's mode (--trainer v1; both: each arm in sync and colocate_async)",
+    )
+    parser.add_argument(
         "--vllm-python",
         default=str(VLLM_PYTHON),
         help="the interpreter of the vLLM CPU stack (--rollout vllm)",
@@ -111,15 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "_vllm" if args.rollout == "vllm" else ""
     out = Path(args.out or REPO / "outputs" / f"bench_exgrpo_vs_grpo{suffix}")
     trainers = ("legacy", "v1") if args.trainer == "both" else (args.trainer,)
+    modes = ("sync", "colocate_async") if args.mode == "both" else (args.mode,)
+    if modes != ("sync",) and trainers != ("v1",):
+        parser.error("--mode colocate_async or both runs on verl's v1 trainer only: add --trainer v1")
+    variants = [(tr, m) for tr in trainers for m in modes]
+
+    def suffix_of(tr: str, m: str) -> str:
+        parts = ([tr] if len(trainers) > 1 else []) + ([m] if len(modes) > 1 else [])
+        return "".join("_" + p for p in parts)
+
     arms = [
-        (f"{name}{'' if len(trainers) == 1 else '_' + tr}", enable, tr)
-        for tr in trainers
+        (f"{name}{suffix_of(tr, m)}", enable, tr, m)
+        for tr, m in variants
         for name, enable in (("grpo", False), ("exgrpo", True))
     ]
-    runs: dict[str, list[dict]] = {arm: [] for arm, _, _ in arms}
+    runs: dict[str, list[dict]] = {arm: [] for arm, _, _, _ in arms}
     for rep in range(args.repeats):
-        for name, enable, trainer in arms:
-            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python, trainer)
+        for name, enable, trainer, mode in arms:
+            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python, trainer, mode)
             runs[name].append(r)
             print(
                 f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
@@ -132,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     cols = [
         ("median s/step", lambda n: statistics.median(pooled(n, "step_s")), 15, 3),
         ("mean s/step", lambda n: statistics.mean(pooled(n, "step_s")), 13, 3),
+        ("steps/min", lambda n: 60.0 / statistics.median(pooled(n, "step_s")), 11, 1),
+        ("gen tok/s", lambda n: sum(pooled(n, "gen_tokens")) / sum(pooled(n, "step_s")), 11, 1),
         ("gen s", lambda n: statistics.median(pooled(n, "gen_s")), 8, 3),
         ("old-log-prob s", lambda n: statistics.median(pooled(n, "old_log_prob_s")), 16, 3),
         ("update s", lambda n: statistics.median(pooled(n, "update_s")), 10, 3),
@@ -156,15 +181,21 @@ def main(argv: list[str] | None = None) -> int:
         + "; ".join(f"{n}: " + ", ".join(f"{statistics.median(r['step_s']):.3f}" for r in runs[n]) for n in runs)
     )
     print()
-    for trainer in trainers:
-        suffix = "" if len(trainers) == 1 else f"_{trainer}"
+    for trainer, mode in variants:
+        suffix = suffix_of(trainer, mode)
         grpo, exgrpo = f"grpo{suffix}", f"exgrpo{suffix}"
         ratio = statistics.median(pooled(exgrpo, "step_s")) / statistics.median(pooled(grpo, "step_s"))
         mean_ratio = statistics.mean(pooled(exgrpo, "step_s")) / statistics.mean(pooled(grpo, "step_s"))
+        where = f"verl's {trainer} trainer" + ("" if mode == "sync" else f" ({mode})")
         print(
-            f"ExGRPO / GRPO seconds per step on verl's {trainer} trainer: {ratio:.3f} (medians; "
+            f"ExGRPO / GRPO seconds per step on {where}: {ratio:.3f} (medians; "
             f"{(ratio - 1) * 100:+.1f}%), {mean_ratio:.3f} (means); paper's release at 7B: +19.0%."
         )
+    if len(modes) > 1:
+        for name in ("grpo", "exgrpo"):
+            sync, async_ = f"{name}_sync", f"{name}_colocate_async"
+            ratio = statistics.median(pooled(async_, "step_s")) / statistics.median(pooled(sync, "step_s"))
+            print(f"{name}: colocate_async / sync seconds per step {ratio:.3f} (medians)")
     return 0
 
 

@@ -141,6 +141,13 @@ class ExperienceManager:
         trajectory is handed to the trainer's pass.
         """
         qids = self.draw_replay(batch_size, step, exclude=exclude)
+        return self.plan_questions(qids, max_response_length=max_response_length)
+
+    def plan_questions(self, qids: Sequence[QuestionId], *, max_response_length: int | None = None) -> ReplayPlan:
+        """The plan of replaying ``qids`` (drawn earlier: an asynchronous run draws a question when it issues its
+        prompt and gathers its candidates when its group is trained, docs/algorithm.md §15); the rest as
+        :meth:`plan_replay`."""
+        qids = list(qids)
         if not qids:
             return ReplayPlan([], [])
         groups = self.candidates(qids, max_response_length=max_response_length)

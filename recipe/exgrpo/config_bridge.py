@@ -98,7 +98,9 @@ def _zero(value: Any) -> bool:
 
 
 #: the modes of verl's v1 trainer (``trainer.v1.trainer_mode``) the recipe runs ExGRPO in (``trainer.use_v1=true``)
-V1_TRAINER_MODES = ("sync",)
+V1_TRAINER_MODES = ("sync", "colocate_async")
+#: the v1 modes whose rollouts run while the trainer updates (docs/algorithm.md §15)
+V1_ASYNC_MODES = ("colocate_async", "separate_async")
 
 #: the registered reward modes that a reward model may feed (``RewardMode.accepts_reward_model``)
 _REWARD_MODEL_MODES = tuple(name for name, mode in REWARD_MODES.items() if mode.accepts_reward_model)
@@ -123,9 +125,9 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
     UnsupportedSetting(
         "trainer.v1.trainer_mode",
         lambda v: str(v) in V1_TRAINER_MODES,
-        "the recipe runs ExGRPO on verl's v1 trainer in its synchronous mode (recipe/exgrpo/v1/trainer.py); the "
-        "asynchronous modes (colocate_async, separate_async) are not supported yet: set trainer.v1.trainer_mode=sync, "
-        "or trainer.use_v1=false for the legacy trainer",
+        "the recipe runs ExGRPO on verl's v1 trainer in its sync and colocate_async modes (recipe/exgrpo/v1/"
+        "trainer.py, docs/algorithm.md §15); separate_async is not implemented by the recipe yet: set "
+        "trainer.v1.trainer_mode=sync or colocate_async, or trainer.use_v1=false for the legacy trainer",
         applies=lambda config: bool(OmegaConf.select(config, "trainer.use_v1", default=False)),
     ),
     UnsupportedSetting(
@@ -330,6 +332,27 @@ def multi_turn_problems(config) -> list[str]:
     ]
 
 
+def async_mode_problems(config) -> list[str]:
+    """An asynchronous v1 mode stores each generated trajectory with the log-probs of the policy versions that sampled
+    it, which only the rollout knows (docs/algorithm.md §15): the step's old log-probs are the trained policy's. The
+    rollout returns them only with ``actor_rollout_ref.rollout.calculate_log_probs``. The on-policy baseline stores
+    nothing and needs none."""
+    if not OmegaConf.select(config, "trainer.use_v1", default=False):
+        return []
+    mode = str(OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync"))
+    if mode not in V1_ASYNC_MODES or not OmegaConf.select(config, "exgrpo.enable", default=True):
+        return []
+    value = OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True)
+    if value is True or (isinstance(value, str) and value.lower() == "true"):
+        return []
+    return [
+        f"actor_rollout_ref.rollout.calculate_log_probs={value!r} with trainer.v1.trainer_mode={mode}: the pool "
+        "stores each generated trajectory with the log-probs of the policy versions that sampled it, which only the "
+        "rollout returns (the step's recomputed old log-probs are the trained policy's, possibly versions later); "
+        "set actor_rollout_ref.rollout.calculate_log_probs=true (docs/algorithm.md §15)"
+    ]
+
+
 def stage_deadline_problems(config) -> list[str]:
     """The problems of the ``stage_deadlines`` block (recipe/exgrpo/runtime/stage_deadlines.py), each naming its key."""
     from recipe.exgrpo.runtime.stage_deadlines import BLOCK, deadline_problems
@@ -340,12 +363,13 @@ def stage_deadline_problems(config) -> list[str]:
 
 def check_startup_config(config) -> ExGRPOConfig:
     """The validated ``exgrpo`` block of a launch config; raises one :class:`StartupConfigError` listing every
-    unsupported verl setting, every problem of the reward model, of the multi-turn settings, of the stage deadlines
-    and of the LoRA settings (``recipe/exgrpo/lora.py``), and every problem of the block."""
+    unsupported verl setting, every problem of the reward model, of the multi-turn settings, of the asynchronous
+    mode, of the stage deadlines and of the LoRA settings (``recipe/exgrpo/lora.py``), and every problem of the block."""
     from recipe.exgrpo.lora import lora_problems, target_module_problems
 
     problems = verl_setting_problems(config) + reward_model_problems(config) + multi_turn_problems(config)
-    problems += stage_deadline_problems(config) + lora_problems(config) + target_module_problems(config)
+    problems += async_mode_problems(config) + stage_deadline_problems(config)
+    problems += lora_problems(config) + target_module_problems(config)
     try:
         exgrpo = exgrpo_config_from_hydra(config)
     except ConfigError as e:

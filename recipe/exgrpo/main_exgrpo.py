@@ -190,13 +190,15 @@ class ExGRPOTaskRunner(BaseTaskRunner):
 @ray.remote
 class ExGRPOTaskRunnerV1:
     """verl's v1 task runner (``TaskRunnerV1``: TransferQueue, the trainer, the agent loop over TransferQueue),
-    building an ``ExGRPOTrainerV1`` (``trainer.use_v1=true``, the sync mode) under the stage watchdog."""
+    building an ``ExGRPOTrainerV1`` (``trainer.use_v1=true``, the sync mode) or an ``ExGRPOTrainerV1ColocateAsync``
+    (``trainer.v1.trainer_mode=colocate_async``) under the stage watchdog."""
 
     def run(self, config, driver: dict | None = None, run_token: str | None = None):
         import transfer_queue as tq
         from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
         from recipe.exgrpo.runtime.stage_deadlines import StageSupervisor, deadlines_from_config
+        from recipe.exgrpo.v1.async_trainer import ExGRPOTrainerV1ColocateAsync
         from recipe.exgrpo.v1.trainer import ExGRPOTrainerV1
 
         print(f"ExGRPOTaskRunnerV1 hostname: {socket.gethostname()}, PID: {os.getpid()}")
@@ -210,7 +212,9 @@ class ExGRPOTaskRunnerV1:
         tq.init(config.transfer_queue)
 
         def train():
-            trainer = ExGRPOTrainerV1(config=config)
+            mode = config.trainer.v1.trainer_mode
+            trainer_cls = ExGRPOTrainerV1ColocateAsync if mode == "colocate_async" else ExGRPOTrainerV1
+            trainer = trainer_cls(config=config)
             trainer.stage_clock = supervisor.clock
             trainer.init()
             manager = AgentLoopManagerTQ.create(

@@ -20,6 +20,9 @@
 #   N_GPUS_PER_NODE  (default 8); NNODES (default 1); ROLLOUT_TP vLLM tensor parallel size (default: the script's)
 #   TRAINER          verl's trainer: legacy (default; RayPPOTrainer) or v1 (its v1 trainer in the sync mode:
 #                    trainer.use_v1=true); docs/trainer.md says when to pick which
+#   MODE             the v1 trainer's mode: sync (default), colocate_async (rollout generates while the trainer
+#                    updates, partial rollout; docs/algorithm.md §15) or separate_async (refused by the recipe for
+#                    now: its start-up check says why); an async MODE implies TRAINER=v1
 #   RAY_ADDRESS      a running Ray cluster to join (required when NNODES > 1; "auto" on its head node)
 #   PYTHON           python of the environment with verl 0.9.1 and vLLM (default: an activated environment's
 #                    python, else the checkout's .venv, else python on PATH: the first that has the packages the
@@ -371,9 +374,17 @@ exgrpo_prepare() {
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
     EXGRPO_ARGS+=("++ray_kwargs.ray_init.address=$(exgrpo_hydra_value "$RAY_ADDRESS")")
   fi
-  case "${TRAINER:-legacy}" in
+  local mode="${MODE:-sync}" trainer="${TRAINER:-}"
+  case "$mode" in
+    sync) ;;
+    colocate_async | separate_async)
+      [[ "$trainer" != legacy ]] || exgrpo_die "MODE=$mode needs verl's v1 trainer: drop TRAINER=legacy (or set TRAINER=v1)"
+      trainer=v1 ;;
+    *) exgrpo_die "MODE=$mode: use sync (the default), colocate_async or separate_async (verl's v1 trainer modes)" ;;
+  esac
+  case "${trainer:-legacy}" in
     legacy) ;;
-    v1) EXGRPO_ARGS+=(trainer.use_v1=true trainer.v1.trainer_mode=sync) ;;
+    v1) EXGRPO_ARGS+=(trainer.use_v1=true "trainer.v1.trainer_mode=$mode") ;;
     *) exgrpo_die "TRAINER=${TRAINER}: use legacy (verl's RayPPOTrainer, the default) or v1 (its v1 trainer, sync mode)" ;;
   esac
 }

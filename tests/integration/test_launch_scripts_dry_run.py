@@ -150,8 +150,36 @@ def test_the_trainer_is_one_setting_and_a_bad_one_is_named():
     proc = run_script(script, env=script_env(DRY_RUN="print", TRAINER="v2"))
     assert proc.returncode != 0 and "TRAINER=v2: use legacy" in proc.stderr
     with pytest.raises(DryRunError) as err:
-        compose([*v1, "trainer.v1.trainer_mode=colocate_async"])
-    assert "trainer.v1.trainer_mode='colocate_async' is not supported" in str(err.value)
+        compose([*v1, "trainer.v1.trainer_mode=separate_async"])
+    assert "trainer.v1.trainer_mode='separate_async' is not supported" in str(err.value)
+
+
+def test_mode_picks_the_v1_trainers_async_mode_and_the_dry_run_states_the_staleness_bound():
+    """MODE=colocate_async: the v1 trainer in verl's colocate_async mode (TRAINER=v1 implied), and the dry run's summary
+    gives the staleness bound and what it implies; MODE=separate_async is refused naming the key and the reason;
+    TRAINER=legacy with an async MODE and an unknown MODE stop the script."""
+    script = TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh"
+    (legacy,) = printed_launches(script)
+    (colocate,) = printed_launches(script, MODE="colocate_async")
+    assert [o for o in colocate if o not in legacy] == ["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"]
+    assert printed_launches(script, MODE="colocate_async", TRAINER="v1") == [colocate]
+    with pytest.MonkeyPatch.context() as mp:
+        clear_dry_run_env(mp)
+        summary = compose(colocate).summary()
+        assert "trainer=v1(colocate_async)" in summary
+        assert "async: mode=colocate_async max_off_policy_threshold=8 (drop) warmup=1x128 prompts ahead" in summary
+        assert "a group issued at step s trains by step s+7 or is evicted and refilled with fresh prompts" in summary
+        (separate,) = printed_launches(script, MODE="separate_async")
+        with pytest.raises(DryRunError) as err:
+            compose(separate)
+        assert "trainer.v1.trainer_mode='separate_async' is not supported" in str(err.value)
+        assert "separate_async is not implemented by the recipe yet" in str(err.value)
+    for env, message in [
+        ({"MODE": "colocate_async", "TRAINER": "legacy"}, "MODE=colocate_async needs verl's v1 trainer"),
+        ({"MODE": "async"}, "MODE=async: use sync (the default), colocate_async or separate_async"),
+    ]:
+        proc = run_script(script, env=script_env(DRY_RUN="print", **env))
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 # ------------------------------------------------------------------------------------ released settings

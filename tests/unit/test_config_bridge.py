@@ -12,6 +12,7 @@ from exgrpo.config import ConfigError
 from recipe.exgrpo.config_bridge import (
     UNSUPPORTED_VERL_SETTINGS,
     StartupConfigError,
+    async_mode_problems,
     check_startup_config,
     exgrpo_config_from_hydra,
     multi_turn_problems,
@@ -49,7 +50,7 @@ SUPPORTED = {
 
 #: (key, a value the recipe would ignore, the fix the message must name)
 IGNORED = [
-    ("trainer.v1.trainer_mode", "colocate_async", "trainer.v1.trainer_mode=sync"),
+    ("trainer.v1.trainer_mode", "separate_async", "trainer.v1.trainer_mode=sync"),
     ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator=grpo"),
     ("algorithm.adv_estimator", "rloo", "algorithm.adv_estimator=grpo"),
     ("algorithm.use_kl_in_reward", True, "algorithm.use_kl_in_reward=false"),
@@ -107,12 +108,31 @@ def test_an_ignored_verl_setting_is_rejected_naming_key_value_and_fix(key, value
     assert isinstance(err.value, ConfigError)  # callers that catch ConfigError keep working
 
 
-def test_the_v1_trainer_runs_exgrpo_in_its_sync_mode():
-    """trainer.use_v1=true is accepted with the sync mode; an async mode only on the v1 trainer counts."""
+def test_the_v1_trainer_runs_exgrpo_in_its_sync_and_colocate_async_modes():
+    """trainer.use_v1=true is accepted with the sync and colocate_async modes; separate_async is refused, and a mode
+    only on the v1 trainer counts."""
     assert verl_setting_problems(_config(**{"trainer.use_v1": True})) == []
-    assert verl_setting_problems(_config(**{"trainer.v1.trainer_mode": "colocate_async"})) == []  # legacy: unread
-    (problem,) = verl_setting_problems(_config(**{"trainer.use_v1": True, "trainer.v1.trainer_mode": "colocate_async"}))
-    assert "asynchronous modes (colocate_async, separate_async) are not supported yet" in problem
+    v1_async = {"trainer.use_v1": True, "trainer.v1.trainer_mode": "colocate_async"}
+    assert verl_setting_problems(_config(**v1_async)) == []
+    assert verl_setting_problems(_config(**{"trainer.v1.trainer_mode": "separate_async"})) == []  # legacy: unread
+    (problem,) = verl_setting_problems(_config(**{"trainer.use_v1": True, "trainer.v1.trainer_mode": "separate_async"}))
+    assert "separate_async is not implemented by the recipe yet" in problem
+
+
+def test_an_async_mode_needs_the_rollouts_log_probs():
+    """The pool stores the rollout's log-probs in the asynchronous modes (docs/algorithm.md §15): without them the
+    start-up stops naming the key; the sync mode, the legacy trainer and the on-policy baseline do not need them."""
+    v1_async = {"trainer.use_v1": True, "trainer.v1.trainer_mode": "colocate_async"}
+    off = {"actor_rollout_ref.rollout.calculate_log_probs": False}
+    (problem,) = async_mode_problems(_config(**v1_async, **off))
+    assert problem.startswith("actor_rollout_ref.rollout.calculate_log_probs=False with trainer.v1.trainer_mode=")
+    assert "set actor_rollout_ref.rollout.calculate_log_probs=true" in problem
+    with pytest.raises(StartupConfigError, match="calculate_log_probs"):
+        check_startup_config(_config(**v1_async, **off))
+    assert async_mode_problems(_config(**v1_async)) == []
+    assert async_mode_problems(_config(**{"trainer.use_v1": True}, **off)) == []
+    assert async_mode_problems(_config(**{"trainer.v1.trainer_mode": "colocate_async"}, **off)) == []
+    assert async_mode_problems(_config(**v1_async, **off, **{"exgrpo.enable": False})) == []
 
 
 def test_clip_ratio_c_counts_once_the_dual_clip_is_on():

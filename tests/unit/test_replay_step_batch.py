@@ -84,6 +84,26 @@ def test_collection_groups_hand_each_member_its_tokens_log_probs_and_reward():
     assert np.allclose(b_replayed.behaviour_log_probs, [-0.5] * 3)  # the stored ones, not the recomputed −9
 
 
+def test_collection_groups_store_rollout_log_probs_of_asynchronous_rollouts():
+    """Asynchronous rollouts (docs/algorithm.md §15): a generated member is stored with its rollout log-probs token for
+    token (the policy versions that sampled it), not the step's recomputed old log-probs; the replayed member keeps its
+    stored ones; rows without rollout log-probs are refused."""
+    gen = generated_rows([3, 3], [2, 3], ["a", "a"])
+    mark_fresh(gen)
+    gen.tensors["old_log_probs"] = torch.full((2, R_LEN), -9.0)
+    rollout = -torch.arange(2 * R_LEN, dtype=torch.float32).reshape(2, R_LEN) / 10
+    gen.tensors["rollout_log_probs"] = rollout * gen.tensors["response_mask"]
+    gen.columns[QUESTION_ID_KEY] = np.array(["qa", "qa"], dtype=object)
+    gen.tensors["token_level_scores"] = torch.zeros(2, R_LEN)
+    a0, a1 = collection_groups(gen, behaviour_from_rollout=True)["qa"]
+    assert np.allclose(a0.behaviour_log_probs, rollout[0, :2].numpy())
+    assert np.allclose(a1.behaviour_log_probs, rollout[1, :3].numpy())
+    assert np.allclose(collection_groups(gen)["qa"][0].behaviour_log_probs, [-9.0, -9.0])  # the sync mode's
+    gen.tensors.pop("rollout_log_probs")
+    with pytest.raises(KeyError, match="calculate_log_probs"):
+        collection_groups(gen, behaviour_from_rollout=True)
+
+
 def test_replay_member_errors_are_clear():
     gen = generated_rows([3], [4], ["a"])
     with pytest.raises(ValueError, match="exceeds the response length"):

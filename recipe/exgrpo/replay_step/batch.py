@@ -310,7 +310,9 @@ def member_defect(
     return None
 
 
-def collection_groups(batch: Rows, ends_in_tool_call: ToolCallCheck | None = None) -> dict[str, list[GroupMember]]:
+def collection_groups(
+    batch: Rows, ends_in_tool_call: ToolCallCheck | None = None, behaviour_from_rollout: bool = False
+) -> dict[str, list[GroupMember]]:
     """The step's groups for ``ExperienceManager.collect`` (docs/algorithm.md §3), keyed by question id.
 
     Per row (after the rewards, ``token_level_scores``): the whole response after the prompt (its attended tokens:
@@ -319,7 +321,9 @@ def collection_groups(batch: Rows, ends_in_tool_call: ToolCallCheck | None = Non
     row, the stored behaviour log-probs for the replayed member — its reward, whether it is the replayed member, and
     for a generated row what :func:`member_defect` finds (``ends_in_tool_call``: the check of a run whose rollouts
     may call tools), as a function the pool calls for the members it would store only. One group per question and
-    step: a question is never both replayed and fresh, nor drawn twice.
+    step: a question is never both replayed and fresh, nor drawn twice. ``behaviour_from_rollout``: a generated row
+    stores its ``rollout_log_probs`` instead, token for token (asynchronous rollouts, docs/algorithm.md §15: the
+    step's old log-probs are the trained policy's, not the one, or the several, that sampled it).
     """
     scores = batch.tensors["token_level_scores"].sum(-1).numpy()
     responses = batch.tensors["responses"].numpy()
@@ -331,6 +335,11 @@ def collection_groups(batch: Rows, ends_in_tool_call: ToolCallCheck | None = Non
     rollout = (
         batch.tensors["rollout_log_probs"].float().numpy() if "rollout_log_probs" in batch.tensors.keys() else None
     )
+    if behaviour_from_rollout and rollout is None:
+        raise KeyError(
+            "the rows carry no rollout_log_probs, the behaviour log-probs of an asynchronous rollout "
+            "(actor_rollout_ref.rollout.calculate_log_probs=true)"
+        )
     qids = batch.columns[QUESTION_ID_KEY]
     members_by_question: dict[str, list[GroupMember]] = {}
     for i in range(len(batch)):
@@ -338,7 +347,12 @@ def collection_groups(batch: Rows, ends_in_tool_call: ToolCallCheck | None = Non
         mask = resp_mask[i, :n]
         ids = responses[i, :n]
         replayed = bool(is_replay[i])
-        lp = behaviour[i, :n] if replayed else old_lp[i, :n]
+        if replayed:
+            lp = behaviour[i, :n]
+        elif behaviour_from_rollout:  # asynchronous rollouts: the old log-probs are the trained policy's, not its
+            lp = rollout[i, :n]
+        else:
+            lp = old_lp[i, :n]
         defect = None
         if resp_mask[i, n:].any():  # a model token outside the response: the mask does not fit the row
             defect = masks.INCONSISTENT

@@ -196,6 +196,9 @@ class ReplayStep:
         self.colocated_reward_model = bool(colocated_reward_model)
         self.norm_adv_by_std = bool(norm_adv_by_std)
         self.trace_dir = None if trace_dir is None else os.fspath(trace_dir)
+        #: a generated row is stored with its rollout log-probs, not the step's old log-probs (asynchronous rollouts,
+        #: docs/algorithm.md §15); the trainer adapter sets it
+        self.behaviour_from_rollout = False
         #: the first measured rollout/actor mean log-prob gap of this process (the run's noise floor)
         self.first_agreement: float | None = None
 
@@ -380,7 +383,7 @@ class ReplayStep:
         rows, scores = state.rows, state.scores
         with state.timed("exgrpo_collect"):
             if self.cfg.enable:
-                groups = collection_groups(rows, self.ends_in_tool_call)
+                groups = collection_groups(rows, self.ends_in_tool_call, self.behaviour_from_rollout)
                 state.metrics.update(self.experience.collect(state.step, groups))
             state.pass_rate = batch_pass_rate(scores)
             state.metrics["exgrpo/sampled_pass_rate"] = sampled_pass_rate(scores, rows)

@@ -69,8 +69,10 @@ def _batch_meta(keys, tags):
     return KVBatchMeta(keys=list(keys), tags=[dict(t) for t in tags], partition_id=PARTITION)
 
 
-class ExGRPOTrainerV1(PPOTrainerSync):
-    """verl's v1 synchronous trainer with the ExGRPO replay step between rollout and actor update."""
+class ExGRPOV1Steps:
+    """The ExGRPO step on any of verl's v1 trainers (module docstring): mixed in before verl's trainer class, so its
+    overrides call verl's through ``super()``. ``_generate`` is the mode's: the synchronous one here, the
+    asynchronous one in ``recipe/exgrpo/v1/async_trainer.py``."""
 
     #: the task runner's watchdog (``stage_deadlines.StageSupervisor``) puts its own clock here
     stage_clock: StageClock = StageClock()
@@ -202,8 +204,7 @@ class ExGRPOTrainerV1(PPOTrainerSync):
         state = self.replay.begin(self.global_steps, self.global_steps >= self.total_training_steps, marked_timer)
         state.metrics, state.timing = metrics, timing_raw
         calls_before = self.actor_log_prob_calls
-        self._submit_questions(state)
-        self._sample(state)
+        self._generate(state)
         self._score_and_select(state)
         batch = self._prepare_update(state)
         self._update_policy(state, batch)
@@ -211,6 +212,12 @@ class ExGRPOTrainerV1(PPOTrainerSync):
         state.actor_calls = self.actor_log_prob_calls - calls_before
         metrics.update(self.replay.metrics(state))
         return batch
+
+    def _generate(self, state: StepState) -> None:
+        """The step's questions drawn and generated: ``state.rows`` (the synchronous mode: drawn, submitted and
+        sampled in the step)."""
+        self._submit_questions(state)
+        self._sample(state)
 
     def _submit_questions(self, state: StepState) -> None:
         """The replay step's draw, as one prompt batch to verl's agent loop: a new uid per prompt (no ``_``: v1 parses
@@ -329,6 +336,10 @@ class ExGRPOTrainerV1(PPOTrainerSync):
         """verl's actor update; the mixed loss was installed in every worker at start-up (``on_init_end``)."""
         with self.stage_clock.stage("update", state.step), state.timed("update_actor"):
             verl_compat.v1_update_actor(self, batch, state.metrics)
+
+
+class ExGRPOTrainerV1(ExGRPOV1Steps, PPOTrainerSync):
+    """verl's v1 synchronous trainer with the ExGRPO replay step between rollout and actor update."""
 
 
 def rows_from_tq_fields(data, width: int) -> dict[str, torch.Tensor]:

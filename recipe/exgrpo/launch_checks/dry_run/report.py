@@ -70,4 +70,33 @@ class DryRunReport:
 
         parts.append(deadlines_from_config(c).describe())
         parts += multi_turn_summary(c)
+        parts += async_summary(c)
         return "  ".join(parts)
+
+
+def async_summary(c) -> list[str]:
+    """verl's asynchronous v1 modes: the staleness bound and what it implies (docs/algorithm.md §15)."""
+    if not c.trainer.get("use_v1", False):
+        return []
+    mode = str(c.trainer.v1.trainer_mode)
+    if mode == "sync":
+        return []
+    sampler = c.trainer.v1.sampler
+    bound, strategy = sampler.get("max_off_policy_threshold"), sampler.get("max_off_policy_strategy", "drop")
+    warmup = c.trainer.v1.get(mode, {}).get("num_warmup_batches", 0)
+    sync_step = c.trainer.v1.get(mode, {}).get("parameter_sync_step", 1)
+    b = int(c.data.train_batch_size)
+    if bound is None:
+        implied = "no bound: a group may be trained any number of policy versions after it was issued"
+    else:
+        bound = int(bound)
+        what = "evicted and refilled with fresh prompts" if strategy == "drop" else "waited for (sampling blocks)"
+        implied = (
+            f"a group issued at step s trains by step s+{bound - 1} or is {what}; its fresh tokens are at most "
+            f"{bound - 1} versions older than the trained policy (ratio to the rollout uncorrected, logged as "
+            "exgrpo/staleness/old_vs_rollout_ratio/*); replayed questions drawn when issued"
+        )
+    return [
+        f"async: mode={mode} max_off_policy_threshold={bound} ({strategy}) warmup={warmup}x{b} prompts ahead "
+        f"parameter_sync_step={sync_step}: {implied}"
+    ]
