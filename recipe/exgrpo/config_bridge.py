@@ -364,7 +364,8 @@ def stage_deadline_problems(config) -> list[str]:
 def check_startup_config(config) -> ExGRPOConfig:
     """The validated ``exgrpo`` block of a launch config; raises one :class:`StartupConfigError` listing every
     unsupported verl setting, every problem of the reward model, of the multi-turn settings, of the asynchronous
-    mode, of the stage deadlines and of the LoRA settings (``recipe/exgrpo/lora.py``), and every problem of the block."""
+    mode, of the stage deadlines and of the LoRA settings (``recipe/exgrpo/lora.py``), and every problem of
+    the block."""
     from recipe.exgrpo.lora import lora_problems, target_module_problems
 
     problems = verl_setting_problems(config) + reward_model_problems(config) + multi_turn_problems(config)

@@ -272,7 +272,7 @@ def _peft_key(name: str) -> str:
     return name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
-def _full_tensor(shards: list[Any]):
+def full_tensor(shards: list[Any]):
     """The whole tensor of one parameter from each rank's saved DTensor shard (FSDP2: ``Shard(0)`` over the
     sharding mesh dimension, ``Replicate`` over the replica one with hybrid sharding)."""
     import torch
@@ -334,7 +334,7 @@ def export_adapter(step_dir: str | os.PathLike[str], model_path: str | None = No
     names = [n for n in states[0] if ".lora_A." in n or ".lora_B." in n]
     if not names:
         return None
-    tensors = {_peft_key(n): _full_tensor([s[n] for s in states]).detach().clone().contiguous() for n in names}
+    tensors = {_peft_key(n): full_tensor([s[n] for s in states]).detach().clone().contiguous() for n in names}
     meta = json.loads(meta_file.read_text())
     targets = _adapter_targets(list(states[0]), names)
     config = LoraConfig(

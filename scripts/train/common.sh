@@ -389,6 +389,33 @@ exgrpo_prepare() {
   esac
 }
 
+# exgrpo_one_gpu_args: what a run on one card adds to the 8-GPU run it shrinks: the stage watchdog's deadlines of
+# the GPU-bound stages x8 (each does the 8-GPU run's work on one card). Called after exgrpo_prepare.
+exgrpo_one_gpu_args() {
+  EXGRPO_ARGS+=(
+    stage_deadlines.generate_s=28800
+    stage_deadlines.old_log_prob_s=14400
+    stage_deadlines.update_s=28800
+    stage_deadlines.validate_s=57600
+  )
+}
+
+# exgrpo_lora_args RANK ALPHA LR: a LoRA adapter on verl's FSDP actor (these keys; the model.lora.{rank,alpha,...}
+# block is Megatron's) on every linear layer, served by vLLM as a LoRA request (lora.merge=false), the base weights
+# in bf16, vLLM loading them from safetensors and taking the adapter layer by layer. Called after exgrpo_prepare.
+exgrpo_lora_args() {
+  EXGRPO_ARGS+=(
+    "actor_rollout_ref.model.lora_rank=$1"
+    "actor_rollout_ref.model.lora_alpha=$2"
+    actor_rollout_ref.model.target_modules=all-linear
+    actor_rollout_ref.model.lora.merge=false
+    "actor_rollout_ref.actor.optim.lr=$3"
+    actor_rollout_ref.actor.fsdp_config.model_dtype=bf16
+    actor_rollout_ref.rollout.load_format=safetensors
+    actor_rollout_ref.rollout.layered_summon=true
+  )
+}
+
 # exgrpo_launch [extra hydra overrides]: run (or dry-run, or print) the entry point with EXGRPO_ARGS + extras.
 exgrpo_launch() {
   local args=("${EXGRPO_ARGS[@]}" "$@") a

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from recipe.exgrpo.lora import ADAPTER_DIR, _full_tensor
+from recipe.exgrpo.lora import ADAPTER_DIR, full_tensor
 
 PEFT_PREFIX = "base_model.model."
 
@@ -20,7 +20,7 @@ def actor_state(step_dir: Path) -> dict[str, torch.Tensor]:
     files = sorted((step_dir / "actor").glob("model_world_size_*_rank_*.pt"))
     assert files, f"no actor model files in {step_dir / 'actor'}"
     states = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
-    return {name: _full_tensor([s[name] for s in states]) for name in states[0]}
+    return {name: full_tensor([s[name] for s in states]) for name in states[0]}
 
 
 def base_name(name: str) -> str:

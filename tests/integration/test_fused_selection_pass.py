@@ -18,7 +18,6 @@ import torch
 pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from verl import DataProto  # noqa: E402
 
 from exgrpo.config import ExGRPOConfig  # noqa: E402
@@ -29,6 +28,7 @@ from recipe.exgrpo.dataproto import as_dataproto, rows_of  # noqa: E402
 from recipe.exgrpo.legacy.trainer import RayExGRPOTrainer  # noqa: E402
 from recipe.exgrpo.replay_step import ReplayStep, StepState  # noqa: E402
 from recipe.exgrpo.replay_step.fields import BEHAVIOUR_LOG_PROBS_KEY, CANDIDATE_KEY, IS_REPLAY_KEY  # noqa: E402
+from tests.helpers.tiny_qwen2 import tiny_qwen2  # noqa: E402
 
 PAD, VOCAB = 0, 40
 P_LEN, R_LEN = 6, 9
@@ -38,17 +38,7 @@ K = 4
 @pytest.fixture(scope="module")
 def actor():
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(cfg).double().eval()
+    return tiny_qwen2(VOCAB, attn_implementation="sdpa").double().eval()
 
 
 def _forward(actor, input_ids, attention_mask, position_ids, n_prompt):

@@ -12,28 +12,18 @@ import pytest
 import torch
 
 pytest.importorskip("peft")
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine  # noqa: E402
 
 from exgrpo.objective.loss import mixed_policy_loss  # noqa: E402
 from exgrpo.objective.settings import LossSettings  # noqa: E402
+from tests.helpers.tiny_qwen2 import tiny_qwen2  # noqa: E402
 
 VOCAB, PROMPT, RESPONSE, ROWS = 48, 5, 7, 6
 
 
 def _tiny_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).float()
+    return tiny_qwen2(VOCAB, tie_word_embeddings=False).float()
 
 
 def _lora(module: torch.nn.Module, rank: int = 4) -> torch.nn.Module:

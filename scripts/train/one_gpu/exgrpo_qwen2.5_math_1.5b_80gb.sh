@@ -31,10 +31,6 @@ cut responses; extend max_position_embeddings as the 7B 'think' variant does)"
 EXGRPO_ARGS+=(
   # one card: vLLM's share next to the actor's resident 17.3 GiB (fp32 weights + AdamW moments, one shard)
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6
-  # the stage watchdog's deadlines of the GPU-bound stages x8: each does the 8-GPU run's work on one card
-  stage_deadlines.generate_s=28800
-  stage_deadlines.old_log_prob_s=14400
-  stage_deadlines.update_s=28800
-  stage_deadlines.validate_s=57600
 )
+exgrpo_one_gpu_args
 exgrpo_launch "$@"

@@ -38,21 +38,7 @@ exgrpo_prepare \
   --rollout-tp 1 \
   --model-hint "point it at Qwen2.5-Math-7B with a context of at least 9216 tokens (the released run used a \
 16k-context 'think' variant; the stock 4k model would cut responses)"
-EXGRPO_ARGS+=(
-  # LoRA on verl's FSDP actor (these keys; the model.lora.{rank,alpha,...} block is Megatron's)
-  actor_rollout_ref.model.lora_rank=32
-  actor_rollout_ref.model.lora_alpha=32
-  actor_rollout_ref.model.target_modules=all-linear
-  actor_rollout_ref.model.lora.merge=false
-  actor_rollout_ref.actor.optim.lr=3e-5
-  actor_rollout_ref.actor.fsdp_config.model_dtype=bf16
-  actor_rollout_ref.rollout.load_format=safetensors
-  actor_rollout_ref.rollout.layered_summon=true
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.6
-  # the stage watchdog's deadlines of the GPU-bound stages x8: each does the 8-GPU run's work on one card
-  stage_deadlines.generate_s=28800
-  stage_deadlines.old_log_prob_s=14400
-  stage_deadlines.update_s=28800
-  stage_deadlines.validate_s=57600
-)
+exgrpo_lora_args 32 32 3e-5
+exgrpo_one_gpu_args
+EXGRPO_ARGS+=(actor_rollout_ref.rollout.gpu_memory_utilization=0.6)
 exgrpo_launch "$@"
