@@ -2,8 +2,8 @@
 weights after every update (``lora.merge=true``, the only way the stand-in takes) and samples what the actor
 computes; replayed rows reach the loss in the one actor pass; the checkpoints hold the adapter (also exported in
 PEFT's format) and the pool, the base weights byte-identical to the initial model's; verl's ``lora_adapter_path``
-loader continues from the exported adapter. LoRA with adapter sync on verl's vLLM rollout, on the v1 trainer, with a
-resume: tests/e2e/test_vllm_cpu.py."""
+loader continues from the exported adapter. LoRA with adapter sync on verl's vLLM rollout, on the v1 trainer's
+colocate_async mode, with a resume: tests/e2e/test_vllm_cpu.py."""
 
 from __future__ import annotations
 
