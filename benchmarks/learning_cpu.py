@@ -1,6 +1,7 @@
 """ExGRPO vs on-policy GRPO: validation accuracy over training on the CPU toy task, several seeds per arm.
 
     python benchmarks/learning_cpu.py [--out outputs/learning_cpu] [--seeds 1,2,3] [--arms grpo,exgrpo,...]
+        [--rollout hf|vllm] [--trainer legacy|v1]
 
 The protocol is fixed here, before running (module constants below): both arms use the CPU demo's settings
 (``recipe.exgrpo.harness.demo.DEMO_SETTINGS``: model, data, batch, K, learning rate, validation) with the same seeds;
@@ -14,6 +15,11 @@ final and best validation accuracy, area under the curve, steps to the target ac
 difficulty level, generated responses, wall time). Runs already finished in ``--out`` are reused (``--fresh``
 re-runs them), so an interrupted benchmark resumes where it stopped.
 
+``--rollout vllm`` runs every arm on verl's vLLM rollout (the vLLM CPU stack, ``bash scripts/setup_env.sh --vllm``;
+its model, and no delayed start, as the vLLM demo), ``--trainer v1`` on verl's v1 trainer. The arm
+``exgrpo_colocate_async`` is ExGRPO on the v1 trainer's ``colocate_async`` mode (docs/algorithm.md §15): with
+``--trainer v1 --rollout vllm --arms exgrpo,exgrpo_colocate_async`` the two modes side by side.
+
 The figures and the machine they came from are in docs/learning.md. Run it on a quiet machine (the wall times are
 part of the table); each run takes about as long as the demo (~3 minutes on 2 cores). With the demo's settings the
 ExGRPO arm is the demo itself, so its rows also give the demo's seed-to-seed spread.
@@ -26,9 +32,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
-from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host, run_stoppable  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_run_folder,
+    argument_parser,
+    comma_list,
+    git_revision,
+    host,
+    run_stoppable,
+    vllm_python,
+)
 from exgrpo.modes import DEFAULT_REWARD_MODE  # noqa: E402
-from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch_or_reuse  # noqa: E402
+from recipe.exgrpo.harness.demo import (  # noqa: E402
+    DEMO_SETTINGS,
+    VLLM_DEMO_DELAYED_START,
+    demo_run,
+    launch_or_reuse,
+)
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     markdown_table,
     plot_arms,
@@ -46,6 +65,8 @@ ARMS: dict[str, tuple[bool, list[str]]] = {
     "exgrpo_no_shaping": (True, ["exgrpo.shaping=none"]),  # replayed tokens weighted by the plain ratio w
     "exgrpo_rho_0.25": (True, ["exgrpo.replay_ratio=0.25"]),  # a quarter of each batch replayed instead of half
     "exgrpo_tau_0.5": (True, ["exgrpo.delayed_start_threshold=0.5"]),  # replay starts later
+    # asynchronous rollouts: the v1 trainer's colocate_async mode (partial rollout on vLLM)
+    "exgrpo_colocate_async": (True, ["trainer.v1.trainer_mode=colocate_async"]),
     # the continuous reward mode (docs/algorithm.md §13) on the toy partial credit
     # (recipe/exgrpo/harness/partial_credit.py)
     "grpo_continuous": (False, []),
@@ -56,6 +77,7 @@ ARMS: dict[str, tuple[bool, list[str]]] = {
 ARM_RUN_SETTINGS: dict[str, dict] = {
     "grpo_continuous": {"reward_mode": "continuous"},
     "exgrpo_continuous": {"reward_mode": "continuous"},
+    "exgrpo_colocate_async": {"trainer": "v1"},
 }
 DEFAULT_ARMS = ("grpo", "exgrpo")
 SEEDS = (1, 2, 3)
@@ -67,20 +89,35 @@ TARGET_ACCURACY = 0.35
 WALL_LIMIT_S = 1200
 
 
-def run_one(arm: str, seed: int, out: Path, assets, fresh: bool, wall_limit_s: float = WALL_LIMIT_S) -> dict:
+def run_one(
+    arm: str,
+    seed: int,
+    out: Path,
+    assets,
+    fresh: bool,
+    wall_limit_s: float = WALL_LIMIT_S,
+    rollout: str = "hf",
+    trainer: str = "legacy",
+    python: str = sys.executable,
+) -> dict:
     """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
+    settings = {"rollout": rollout, "trainer": trainer, "python": python, **ARM_RUN_SETTINGS.get(arm, {})}
+    if rollout == "vllm":  # the vLLM demo's model leaves its warm-up below the demo's τ: replay from step 2, as there
+        settings.setdefault("delayed_start_threshold", VLLM_DEMO_DELAYED_START)
     run = demo_run(
         out / "runs" / f"{arm}_seed{seed}",
         steps=STEPS,
         seed=seed,
         exgrpo_enable=ARMS[arm][0],
         extra_overrides=list(ARMS[arm][1]),
-        **ARM_RUN_SETTINGS.get(arm, {}),
+        **settings,
         test_freq=TEST_FREQ,
         val_before_train=True,
         wall_limit_s=wall_limit_s,
     )
-    return launch_or_reuse(run, assets, f"learning_cpu {arm} seed {seed}", fresh)
+    # a run of another rollout or trainer is never reused for this one (the hf/legacy runs recorded neither)
+    recorded = {} if (rollout, run.trainer) == ("hf", "legacy") else {"rollout": rollout, "trainer": run.trainer}
+    return launch_or_reuse(run, assets, f"learning_cpu {arm} seed {seed}", fresh, **recorded)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--target", type=float, default=TARGET_ACCURACY, help="'steps to target' threshold")
     parser.add_argument(
+        "--rollout",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: the Hugging Face CPU stand-in; vllm: verl's vLLM rollout on the vLLM CPU stack (its own model)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"),
+        help="with --rollout vllm: the vLLM CPU stack's interpreter (default: the checkout's .venv-vllm)",
+    )
+    parser.add_argument(
+        "--trainer", choices=("legacy", "v1"), default="legacy", help="verl's trainer of every arm (default legacy)"
+    )
+    parser.add_argument(
         "--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s (a busy machine needs more)"
     )
     args = parser.parse_args(argv)
@@ -104,15 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--arms: unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
     out = Path(args.out)
+    if args.out == parser.get_default("out"):  # each rollout and trainer its own folder by default
+        out = out.with_name(out.name + ("" if args.rollout == "hf" else f"_{args.rollout}"))
+        out = out.with_name(out.name + ("" if args.trainer == "legacy" else f"_{args.trainer}"))
     out.mkdir(parents=True, exist_ok=True)
-    from recipe.exgrpo.harness.assets import ensure_assets
+    from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
 
-    assets = ensure_assets()
+    python = vllm_python(args.vllm_python) if args.rollout == "vllm" else sys.executable
+    assets = ensure_assets(asset_spec(args.rollout))
     k = DEMO_SETTINGS["rollout_n"]
     curves: dict[str, list] = {arm: [] for arm in arms}
     for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
         for arm in arms:
-            res = run_one(arm, seed, out, assets, args.fresh, args.wall_limit)
+            res = run_one(arm, seed, out, assets, args.fresh, args.wall_limit, args.rollout, args.trainer, python)
             curves[arm].append(
                 (
                     seed,
@@ -132,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = ", ".join(f"{key}={value}" for key, value in DEMO_SETTINGS.items() if key not in ("test_freq",))
     header = (
         f"ExGRPO vs on-policy GRPO on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
-        f"steps; settings: {settings}; assets {assets.root.name}; commit {git_revision()}; {host()}\n\n"
+        f"steps; rollout {args.rollout}, trainer {args.trainer}; settings: {settings}; assets {assets.root.name}; "
+        f"commit {git_revision()}; {host()}\n\n"
     )
     header += (
         "arms: "
