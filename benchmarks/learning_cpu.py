@@ -184,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(curves, out / "learning_cpu.csv")
     by_arm = {arm: [c for _, c in runs] for arm, runs in curves.items()}
     summaries = summarize_arms(by_arm, args.target)
-    settings = ", ".join(f"{key}={value}" for key, value in DEMO_SETTINGS.items() if key not in ("test_freq",))
+    shown = dict(DEMO_SETTINGS)
+    if args.rollout == "vllm":
+        shown["delayed_start_threshold"] = VLLM_DEMO_DELAYED_START
+    settings = ", ".join(f"{key}={value}" for key, value in shown.items() if key not in ("test_freq",))
     header = (
         f"ExGRPO vs on-policy GRPO on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
         f"steps; rollout {args.rollout}, trainer {args.trainer}; settings: {settings}; assets {assets.root.name}; "
