@@ -184,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(curves, out / "learning_cpu.csv")
     by_arm = {arm: [c for _, c in runs] for arm, runs in curves.items()}
     summaries = summarize_arms(by_arm, args.target)
+    compared = "ExGRPO vs on-policy GRPO" if set(DEFAULT_ARMS) <= set(arms) else " vs ".join(arms)
     shown = dict(DEMO_SETTINGS)
     if args.rollout == "vllm":
         shown["delayed_start_threshold"] = VLLM_DEMO_DELAYED_START
     settings = ", ".join(f"{key}={value}" for key, value in shown.items() if key not in ("test_freq",))
     header = (
-        f"ExGRPO vs on-policy GRPO on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
+        f"{compared} on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
         f"steps; rollout {args.rollout}, trainer {args.trainer}; settings: {settings}; assets {assets.root.name}; "
         f"commit {git_revision()}; {host()}\n\n"
     )
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     png = plot_arms(
         by_arm,
         out / "learning_cpu.png",
-        title=f"ExGRPO vs GRPO, CPU toy task ({len(seeds)} seeds)",
+        title=f"{compared}, CPU toy task ({len(seeds)} seeds; rollout {args.rollout}, trainer {args.trainer})",
         val_label="mean reward" if args.val_var == "reward" else "accuracy",
     )
     print("\n" + header + table)
