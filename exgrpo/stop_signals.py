@@ -48,16 +48,26 @@ _stopping = False
 
 
 def install_stop_handlers(
-    stop: Callable[[int], str],
+    stop: Callable[[int], str | None],
     label: str,
     signums: Sequence[int] = STOP_SIGNALS,
     exit_now: bool = False,
+    announce: Callable[[int], str] | None = None,
 ) -> None:
     """On each of ``signums``: call ``stop(signum)`` (what it returns is the line's text: what was stopped), write
     ``[label] SIGNAME: text`` to stderr, then raise :class:`Stopped` in the main thread (``exit_now``: leave with
     ``os._exit(128 + signum)`` instead, without unwinding: for a process whose own exit handlers would wait on what
-    was just stopped). A signal that arrives while ``stop`` runs is ignored. Main thread only, like
-    ``signal.signal``."""
+    was just stopped). ``announce``: the line's text comes from ``announce(signum)`` and is written *before*
+    ``stop`` runs (a second line only if ``stop`` fails): for a process that may be ended by what it stops (a Ray
+    driver, whose core worker exits the process once its node is gone). A signal that arrives while ``stop`` runs is
+    ignored. Main thread only, like ``signal.signal``."""
+
+    def line(signum: int, text: str) -> None:
+        sys.stderr.write(f"[{label}] {signal.Signals(signum).name}: {text}\n")
+        sys.stderr.flush()
+
+    def failed(e: Exception) -> str:  # the line must still come, and the command still end
+        return f"stopping failed ({type(e).__name__}: {e})"
 
     def handler(signum: int, frame: object) -> None:
         global _stopping
@@ -65,12 +75,17 @@ def install_stop_handlers(
             return
         _stopping = True
         try:
+            if announce is not None:
+                try:
+                    line(signum, announce(signum))
+                except Exception as e:
+                    line(signum, failed(e))
             try:
                 text = stop(signum)
-            except Exception as e:  # the line must still come, and the command still end
-                text = f"stopping failed ({type(e).__name__}: {e})"
-            sys.stderr.write(f"[{label}] {signal.Signals(signum).name}: {text}\n")
-            sys.stderr.flush()
+            except Exception as e:
+                text = failed(e)
+            if announce is None or text is not None and text.startswith("stopping failed"):
+                line(signum, str(text))
         finally:
             _stopping = False
         if exit_now:

@@ -72,7 +72,7 @@ def test_sigterm_to_the_demo_stops_its_training_run(repo_root, tmp_path, cpu_ass
     ), errors[-4000:]
     assert "Traceback" not in printed + errors
     # the driver stopped its own cluster (the demo gives it that chance first)
-    assert re.search(r"\[exgrpo\] SIGTERM: stopped the run: \d+ of its processes on this node", log), log[-4000:]
+    assert re.search(r"\[exgrpo\] SIGTERM: stopping the run: \d+ of its processes on this node", log), log[-4000:]
 
 
 def _terminate_once_training(repo_root: Path, tmp_path: Path, out: Path, ray_root: str):

@@ -85,8 +85,41 @@ def test_the_trainers_driver_stops_its_cluster_on_sighup(repo_root):
     returncode, err, survivors = _stop(repo_root, DRIVER, signal.SIGHUP)
     assert returncode == 128 + signal.SIGHUP, err
     assert err == (
-        "[exgrpo] SIGHUP: stopped the run: 2 of its processes on this node (its Ray cluster included); exiting\n"
+        "[exgrpo] SIGHUP: stopping the run: 2 of its processes on this node (its Ray cluster included), then exiting\n"
     )
+    assert survivors == []
+
+
+# the driver's Ray core worker ends the process once its node is gone: here a thread that exits the process as soon
+# as the "cluster" (the child) has died, as Ray's C++ thread does when the raylet dies
+DRIVER_ENDED_BY_ITS_CLUSTER = dict(
+    install=textwrap.dedent(
+        """
+        import os, threading
+        from recipe.exgrpo.runtime import driver_stop
+        driver_stop.install(None)
+        _popen = subprocess.Popen
+        def _watched(*a, **k):
+            child = _popen(*a, **k)
+            def watch():
+                child.wait()
+                os._exit(1)
+            threading.Thread(target=watch, daemon=True).start()
+            return child
+        subprocess.Popen = _watched
+        """
+    ),
+    run="main()",
+)
+
+
+def test_the_driver_says_it_stops_the_run_even_when_its_cluster_ends_it_first(repo_root):
+    """On a loaded machine the driver's line never came: its handler stopped the Ray cluster first, and Ray's core
+    worker ended the process before the handler wrote. The line is written before the stop now (injected: a thread
+    that exits the process once the cluster is gone)."""
+    returncode, err, survivors = _stop(repo_root, DRIVER_ENDED_BY_ITS_CLUSTER, signal.SIGTERM)
+    assert err.startswith("[exgrpo] SIGTERM: stopping the run: 2 of its processes on this node"), err
+    assert returncode in (1, 128 + signal.SIGTERM), err
     assert survivors == []
 
 

@@ -32,11 +32,32 @@ def stop_run(run_token: str | None) -> list[int]:
     return sorted(set(pids))
 
 
+def run_processes(run_token: str | None) -> list[int]:
+    """What :func:`stop_run` stops, found and not yet signalled: this driver's descendants and, with ``run_token``,
+    every process of the run on this node."""
+    import psutil
+
+    try:
+        pids = [p.pid for p in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        pids = []
+    if run_token:
+        from recipe.exgrpo.runtime import stacks
+
+        pids += stacks.run_pids(run_token, exclude=[os.getpid()])
+    return sorted(set(pids))
+
+
 def install(run_token: str | None = None) -> None:
-    """The driver's handlers of SIGTERM, SIGHUP and SIGINT (module docstring)."""
+    """The driver's handlers of SIGTERM, SIGHUP and SIGINT (module docstring). The line comes before the run is
+    stopped: once its Ray node is gone, the driver's Ray core worker may end the process (a C++ thread's exit), and a
+    line written after the stop was lost that way on a loaded machine."""
 
-    def stop(signum: int) -> str:
-        pids = stop_run(run_token)
-        return f"stopped the run: {len(pids)} of its processes on this node (its Ray cluster included); exiting"
+    def announce(signum: int) -> str:
+        n = len(run_processes(run_token))
+        return f"stopping the run: {n} of its processes on this node (its Ray cluster included), then exiting"
 
-    install_stop_handlers(stop, "exgrpo", exit_now=True)
+    def stop(signum: int) -> None:
+        stop_run(run_token)
+
+    install_stop_handlers(stop, "exgrpo", exit_now=True, announce=announce)
