@@ -31,6 +31,7 @@ import numpy as np
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 
 from exgrpo.experience.manager import ReplayPlan
+from recipe.exgrpo import verl_compat
 from recipe.exgrpo.replay_step import StepState
 from recipe.exgrpo.replay_step.batch import response_lengths
 from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY, QUESTION_ID_KEY
@@ -209,7 +210,7 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
         self._issue_counts["replayed"] += len(replayed)
         if not draw_replay:
             self._issue_counts["refill"] += n
-        self._submit_batch_to_rollout(batch)
+        verl_compat.v1_submit_prompts(self, batch)
         return n
 
     def _reissue_inflight_prompts(self, partition_id: str = "train") -> int:
