@@ -84,7 +84,9 @@ def install_stop_handlers(
                 text = stop(signum)
             except Exception as e:
                 text = failed(e)
-            if announce is None or text is not None and text.startswith("stopping failed"):
+                if announce is not None:
+                    line(signum, text)
+            if announce is None:
                 line(signum, str(text))
         finally:
             _stopping = False

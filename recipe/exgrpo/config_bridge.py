@@ -320,8 +320,8 @@ def multi_turn_problems(config) -> list[str]:
 
     if not OmegaConf.select(config, "exgrpo.enable", default=True) or not runs_tools(config):
         return []
-    value = OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True)
-    if value is True or (isinstance(value, str) and value.lower() == "true"):
+    value = _rollout_log_probs_off(config)
+    if value is None:
         return []
     return [
         f"actor_rollout_ref.rollout.calculate_log_probs={value!r} in a run whose rollouts call tools (actor_rollout_"
@@ -330,6 +330,13 @@ def multi_turn_problems(config) -> list[str]:
         "rollout returns them only with this setting; set actor_rollout_ref.rollout.calculate_log_probs=true "
         "(docs/algorithm.md §14)"
     ]
+
+
+def _rollout_log_probs_off(config) -> Any:
+    """``actor_rollout_ref.rollout.calculate_log_probs`` when it is not true (the rollout then returns no sampled
+    log-probs), else None."""
+    value = OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True)
+    return None if value is True or (isinstance(value, str) and value.lower() == "true") else value
 
 
 def async_mode_problems(config) -> list[str]:
@@ -342,8 +349,8 @@ def async_mode_problems(config) -> list[str]:
     mode = str(OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync"))
     if mode not in V1_ASYNC_MODES or not OmegaConf.select(config, "exgrpo.enable", default=True):
         return []
-    value = OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True)
-    if value is True or (isinstance(value, str) and value.lower() == "true"):
+    value = _rollout_log_probs_off(config)
+    if value is None:
         return []
     return [
         f"actor_rollout_ref.rollout.calculate_log_probs={value!r} with trainer.v1.trainer_mode={mode}: the pool "

@@ -40,7 +40,9 @@ def _build_throwaway_model(out: pathlib.Path) -> pathlib.Path:
     CPU assets of recipe/exgrpo/harness/assets.py are unavailable)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.helpers.tiny_qwen2 import tiny_qwen2
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -60,19 +62,14 @@ def _build_throwaway_model(out: pathlib.Path) -> pathlib.Path:
     )
     fast.save_pretrained(out)
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(fast),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    model = tiny_qwen2(
+        len(fast),
         max_position_embeddings=8192,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         bos_token_id=None,
     )
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    model.save_pretrained(out)
     return out
 
 
