@@ -49,8 +49,11 @@ from recipe.exgrpo.harness.demo import (  # noqa: E402
     launch_or_reuse,
 )
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
+    level_table,
     markdown_table,
     plot_arms,
+    plot_levels,
+    replay_table,
     run_curve,
     summarize_arms,
     write_csv,
@@ -64,6 +67,17 @@ ARMS: dict[str, tuple[bool, list[str]]] = {
     "exgrpo": (True, []),
     "exgrpo_no_shaping": (True, ["exgrpo.shaping=none"]),  # replayed tokens weighted by the plain ratio w
     "exgrpo_rho_0.25": (True, ["exgrpo.replay_ratio=0.25"]),  # a quarter of each batch replayed instead of half
+    # the rest of the paper's Table 6 rows, one switch each (as scripts/train/ablations/*.sh)
+    "exgrpo_wo_question_selection": (True, ["exgrpo.weighting=uniform"]),
+    "exgrpo_wo_trajectory_selection": (True, ["exgrpo.trajectory_metric=random"]),
+    "exgrpo_wo_both_selections": (True, ["exgrpo.weighting=uniform", "exgrpo.trajectory_metric=random"]),
+    "exgrpo_wo_is_correction": (True, ["exgrpo.is_correction=false"]),
+    "exgrpo_highest_entropy": (True, ["exgrpo.trajectory_mode=max"]),
+    "exgrpo_rho_0.75": (True, ["exgrpo.replay_ratio=0.75"]),
+    "exgrpo_sigma_1.5": (True, ["exgrpo.sigma=0.1875"]),  # 1.5 successes of K = 8, in accuracy units
+    "exgrpo_sigma_0.5": (True, ["exgrpo.sigma=0.0625"]),
+    "exgrpo_mu_0.25": (True, ["exgrpo.mu=0.25"]),
+    "exgrpo_readd_retired": (True, ["exgrpo.readd_retired_fraction=0.1"]),
     "exgrpo_tau_0.5": (True, ["exgrpo.delayed_start_threshold=0.5"]),  # replay starts later
     # asynchronous rollouts: the v1 trainer's colocate_async mode (partial rollout on vLLM)
     "exgrpo_colocate_async": (True, ["trainer.v1.trainer_mode=colocate_async"]),
@@ -80,6 +94,21 @@ ARM_RUN_SETTINGS: dict[str, dict] = {
     "exgrpo_colocate_async": {"trainer": "v1"},
 }
 DEFAULT_ARMS = ("grpo", "exgrpo")
+#: ``--arms table6``: the paper's Table 6 rows (its on-policy and ExGRPO rows are the comparison's arms)
+TABLE6_ARMS = (
+    "exgrpo_wo_question_selection",
+    "exgrpo_wo_trajectory_selection",
+    "exgrpo_wo_both_selections",
+    "exgrpo_no_shaping",
+    "exgrpo_wo_is_correction",
+    "exgrpo_highest_entropy",
+    "exgrpo_rho_0.25",
+    "exgrpo_rho_0.75",
+    "exgrpo_sigma_1.5",
+    "exgrpo_sigma_0.5",
+    "exgrpo_mu_0.25",
+    "exgrpo_readd_retired",
+)
 SEEDS = (1, 2, 3)
 STEPS = DEMO_SETTINGS["steps"]
 # validation before training and every 10 steps (as the demo): all 384 questions, one sample each at T = 1
@@ -87,6 +116,9 @@ TEST_FREQ = DEMO_SETTINGS["test_freq"]
 # "steps to target": the first validation at or above this accuracy (the warmed-up model starts at ~0.20)
 TARGET_ACCURACY = 0.35
 WALL_LIMIT_S = 1200
+#: the tasks (``--task``): the demo's sums, or the procedure-choice task (recipe/exgrpo/harness/procedure_task.py),
+#: whose longest answer "careful</think>\boxed{123}<|im_end|>" is 27 tokens: the run settings it changes
+TASK_RUN_SETTINGS: dict[str, dict] = {"sums": {}, "procedures": {"max_response_length": 32}}
 
 
 def run_one(
@@ -99,9 +131,16 @@ def run_one(
     rollout: str = "hf",
     trainer: str = "legacy",
     python: str = sys.executable,
+    task: str = "sums",
 ) -> dict:
     """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
-    settings = {"rollout": rollout, "trainer": trainer, "python": python, **ARM_RUN_SETTINGS.get(arm, {})}
+    settings = {
+        "rollout": rollout,
+        "trainer": trainer,
+        "python": python,
+        **TASK_RUN_SETTINGS[task],
+        **ARM_RUN_SETTINGS.get(arm, {}),
+    }
     if rollout == "vllm":  # the vLLM demo's model leaves its warm-up below the demo's τ: replay from step 2, as there
         settings.setdefault("delayed_start_threshold", VLLM_DEMO_DELAYED_START)
     run = demo_run(
@@ -117,6 +156,8 @@ def run_one(
     )
     # a run of another rollout or trainer is never reused for this one (the hf/legacy runs recorded neither)
     recorded = {} if (rollout, run.trainer) == ("hf", "legacy") else {"rollout": rollout, "trainer": run.trainer}
+    if task != "sums":
+        recorded["task"] = task
     return launch_or_reuse(run, assets, f"learning_cpu {arm} seed {seed}", fresh, **recorded)
 
 
@@ -124,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     add_run_folder(parser, "learning_cpu")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (default: 1,2,3)")
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
+    parser.add_argument(
+        "--arms",
+        default=",".join(DEFAULT_ARMS),
+        help=f"comma-separated subset of {', '.join(ARMS)}; 'table6' stands for the paper's Table 6 rows",
+    )
     parser.add_argument(
         "--val-var",
         default=None,
@@ -147,10 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         "--trainer", choices=("legacy", "v1"), default="legacy", help="verl's trainer of every arm (default legacy)"
     )
     parser.add_argument(
+        "--task",
+        choices=tuple(TASK_RUN_SETTINGS),
+        default="sums",
+        help="sums: the demo's toy sums; procedures: the procedure-choice task built for replay (docs/learning.md)",
+    )
+    parser.add_argument(
         "--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s (a busy machine needs more)"
     )
     args = parser.parse_args(argv)
-    seeds, arms = comma_list(args.seeds, int), comma_list(args.arms)
+    seeds = comma_list(args.seeds, int)
+    arms = [a for name in comma_list(args.arms) for a in (TABLE6_ARMS if name == "table6" else (name,))]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"--arms: unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
@@ -158,16 +210,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.out == parser.get_default("out"):  # each rollout and trainer its own folder by default
         out = out.with_name(out.name + ("" if args.rollout == "hf" else f"_{args.rollout}"))
         out = out.with_name(out.name + ("" if args.trainer == "legacy" else f"_{args.trainer}"))
+        out = out.with_name(out.name + ("" if args.task == "sums" else f"_{args.task}"))
     out.mkdir(parents=True, exist_ok=True)
     from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
 
     python = vllm_python(args.vllm_python) if args.rollout == "vllm" else sys.executable
-    assets = ensure_assets(asset_spec(args.rollout))
+    assets = ensure_assets(asset_spec(args.rollout, procedures=args.task == "procedures"))
+    unmet = assets.report.get("criteria_problems", [])
+    if unmet:  # the task was built for a comparison only where it meets its criteria (docs/learning.md)
+        parser.error(f"--task {args.task}: the assets in {assets.root} miss the task's criteria: {'; '.join(unmet)}")
     k = DEMO_SETTINGS["rollout_n"]
     curves: dict[str, list] = {arm: [] for arm in arms}
     for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
         for arm in arms:
-            res = run_one(arm, seed, out, assets, args.fresh, args.wall_limit, args.rollout, args.trainer, python)
+            res = run_one(
+                arm, seed, out, assets, args.fresh, args.wall_limit, args.rollout, args.trainer, python, args.task
+            )
             curves[arm].append(
                 (
                     seed,
@@ -190,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         shown["delayed_start_threshold"] = VLLM_DEMO_DELAYED_START
     settings = ", ".join(f"{key}={value}" for key, value in shown.items() if key not in ("test_freq",))
     header = (
-        f"{compared} on the CPU toy task: {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
+        f"{compared} on the CPU task '{args.task}': {STEPS} steps, seeds {seeds}, validation every {TEST_FREQ} "
         f"steps; rollout {args.rollout}, trainer {args.trainer}; settings: {settings}; assets {assets.root.name}; "
         f"commit {git_revision()}; {host()}\n\n"
     )
@@ -207,15 +265,21 @@ def main(argv: list[str] | None = None) -> int:
     measured = "the mean validation reward" if args.val_var == "reward" else "the validation accuracy"
     header += f"start / final / best / AUC: {measured} (val-core/<level>/{args.val_var or 'acc'}/mean@1)\n\n"
     table = markdown_table(summaries, args.target)
+    table += "\nper level (validation accuracy):\n\n" + level_table(by_arm)
+    table += "\nthe gradient signal and the replay (means over steps, then mean ± std over seeds):\n\n"
+    table += replay_table(by_arm)
     (out / "learning_cpu.md").write_text(header + table)
     png = plot_arms(
         by_arm,
         out / "learning_cpu.png",
-        title=f"{compared}, CPU toy task ({len(seeds)} seeds; rollout {args.rollout}, trainer {args.trainer})",
+        title=f"{compared}, CPU task {args.task} ({len(seeds)} seeds; rollout {args.rollout}, trainer {args.trainer})",
         val_label="mean reward" if args.val_var == "reward" else "accuracy",
     )
+    levels_png = plot_levels(
+        by_arm, out / "learning_cpu_levels.png", title=f"{compared} per level, {args.task} ({len(seeds)} seeds)"
+    )
     print("\n" + header + table)
-    print(f"csv: {out / 'learning_cpu.csv'}\ntable: {out / 'learning_cpu.md'}\nplot: {png}")
+    print(f"csv: {out / 'learning_cpu.csv'}\ntable: {out / 'learning_cpu.md'}\nplots: {png}, {levels_png}")
     return 0
 
 

@@ -204,7 +204,12 @@ def write_run_csv(record: RunRecord, path: Path) -> None:
             )
 
 
-def run_one(regime: str, arm: str, seed: int, out: Path, assets, fresh: bool) -> RunRecord | None:
+#: the tasks (``--task``): the demo's sums, or the procedure-choice task (recipe/exgrpo/harness/procedure_task.py),
+#: whose longest answer is 27 tokens: the run settings it changes (the same as benchmarks/learning_cpu.py's)
+TASK_RUN_SETTINGS: dict[str, dict] = {"sums": {}, "procedures": {"max_response_length": 32}}
+
+
+def run_one(regime: str, arm: str, seed: int, out: Path, assets, fresh: bool, task: str = "sums") -> RunRecord | None:
     """Run one (regime, arm, seed), or reuse it when finished; None when it failed (recorded in failed.json)."""
     run_dir = out / "runs" / regime / f"{arm}_seed{seed}"
     done = run_dir / "done.json"
@@ -223,7 +228,7 @@ def run_one(regime: str, arm: str, seed: int, out: Path, assets, fresh: bool) ->
             wall_limit_s=WALL_LIMIT_S,
             ray_temp_dir=ray_tmp,
             extra_overrides=overrides,
-            **settings,
+            **{**TASK_RUN_SETTINGS[task], **settings},
         )
         print(f"[stability] {label}: running ({run_dir / 'train.log'}) ...", flush=True)
         done.unlink(missing_ok=True)
@@ -498,6 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regimes", default=None, help=f"only these regimes, of {', '.join(REGIMES)}")
     parser.add_argument("--arms", default=None, help=f"only these arms, of {', '.join(ARMS)}")
     parser.add_argument("--report-only", action="store_true", help="tables and figures from finished runs only")
+    parser.add_argument(
+        "--task",
+        choices=tuple(TASK_RUN_SETTINGS),
+        default="sums",
+        help="sums: the demo's toy sums; procedures: the procedure-choice task (docs/learning.md); the default --out "
+        "gets its name",
+    )
     args = parser.parse_args(argv)
     seeds, ablation_seeds = comma_list(args.seeds, int), comma_list(args.ablation_seeds, int)
     plan, regimes, arms = comma_list(args.plan), comma_list(args.regimes), comma_list(args.arms)
@@ -510,12 +522,14 @@ def main(argv: list[str] | None = None) -> int:
     if not pairs:
         parser.error("nothing to run: --plan/--regimes/--arms select no (regime, arm) pair")
     out = Path(args.out)
+    if args.out == parser.get_default("out") and args.task != "sums":
+        out = out.with_name(f"{out.name}_{args.task}")
     out.mkdir(parents=True, exist_ok=True)
     assets = None
     if not args.report_only:
-        from recipe.exgrpo.harness.assets import ensure_assets
+        from recipe.exgrpo.harness.assets import asset_spec, ensure_assets
 
-        assets = ensure_assets()
+        assets = ensure_assets(asset_spec(procedures=args.task == "procedures"))
     records: list[RunRecord] = []
     failed: list[str] = []
     t0 = time.time()
@@ -526,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     for (regime, is_ablation), block_arms in blocks.items():
         for seed in ablation_seeds if is_ablation else seeds:
             for arm in block_arms:
-                record = run_one(regime, arm, seed, out, assets, args.fresh)
+                record = run_one(regime, arm, seed, out, assets, args.fresh, args.task)
                 if record is None:
                     if assets is not None:
                         failed.append(f"{regime} {arm} seed {seed}")
@@ -548,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if not any(r.arm in ABLATIONS for r in ablation_records):
         ablation_records = []
     header = (
-        f"GRPO vs ExGRPO in unstable regimes of the CPU toy task: {STEPS} steps, seeds {seeds} (ablations: "
+        f"GRPO vs ExGRPO in unstable regimes of the CPU task '{args.task}': {STEPS} steps, seeds {seeds} (ablations: "
         f"{ablation_seeds} in {ABLATION_REGIME}), validation before training and every {TEST_FREQ} steps (384 "
         f"questions, one sample at T = 1), ExGRPO τ = {DELAYED_START}; the demo's settings otherwise; commit "
         f"{git_revision()}; assets {assets_digest(out)}; {host()}\n\n"

@@ -43,16 +43,33 @@ PROMPT_TEMPLATE = "What is {a} {op} {b}? Put the final answer in \\boxed{{}}."
 Question = tuple[int, str, int]
 
 
-CARRY_MODES = ("any", "none", "some")
+CARRY_MODES = ("any", "none", "some", "units", "all")
 
 
 def has_carry(a: int, b: int) -> bool:
     """Whether the column addition of ``a + b`` carries at least once."""
+    return any(carry_columns(a, b))
+
+
+def carry_columns(a: int, b: int) -> list[bool]:
+    """For each column of the addition ``a + b``, units first, whether it carries into the next one."""
+    out, carry = [], 0
     while a or b:
-        if a % 10 + b % 10 >= 10:
-            return True
+        carry = int(a % 10 + b % 10 + carry >= 10)
+        out.append(bool(carry))
         a, b = a // 10, b // 10
-    return False
+    return out
+
+
+def _carry_matches(a: int, b: int, mode: str) -> bool:
+    if mode == "any":
+        return True
+    columns = carry_columns(a, b)
+    if mode in ("none", "some"):
+        return any(columns) == (mode == "some")
+    if mode == "units":  # the units column carries, no other does
+        return columns[:1] == [True] and not any(columns[1:])
+    return bool(columns) and all(columns)  # "all": every column carries
 
 
 @dataclass(frozen=True)
@@ -60,7 +77,8 @@ class QuestionFamily:
     """Questions ``a <op> b`` with ``a`` in ``[a_min, a_max]`` and ``b`` in ``[b_min, b_max]`` (inclusive).
 
     ``carry`` (additions only) keeps the sums whose column addition never carries (``none``), carries at least once
-    (``some``), or all of them (``any``): carrying is what makes a sum hard for a small transformer.
+    (``some``), carries from the units column only (``units``), carries from every column (``all``), or all of them
+    (``any``): carrying is what makes a sum hard for a small transformer.
     """
 
     op: str
@@ -88,8 +106,7 @@ class QuestionFamily:
             (a, self.op, b)
             for a in range(self.a_min, self.a_max + 1)
             for b in range(self.b_min, self.b_max + 1)
-            if not (non_negative and self.op == "-" and a < b)
-            and (self.carry == "any" or has_carry(a, b) == (self.carry == "some"))
+            if not (non_negative and self.op == "-" and a < b) and (self.op != "+" or _carry_matches(a, b, self.carry))
         ]
 
 

@@ -12,10 +12,14 @@ import pytest
 from recipe.exgrpo.harness.learning_curves import (
     area_under_curve,
     describe_run,
+    level_name,
+    level_table,
     markdown_table,
     plot_arms,
+    plot_levels,
     plot_run,
     read_metrics_file,
+    replay_table,
     run_curve,
     steps_to_target,
     summarize_arms,
@@ -313,3 +317,48 @@ def test_the_tool_runs_call_rates_get_their_own_panel_one_colour_per_level(tmp_p
     assert len({line.get_color() for line in per_level}) == 3  # told apart (they shared one colour)
     for lv in levels:  # each level's colour is its accuracy line's
         assert lines[f"calls: {lv}"].get_color() == _lines(top)[f"validation: {lv}"].get_color()
+
+
+def test_the_procedure_tasks_levels_and_the_signal_and_replay_tables(tmp_path):
+    """The procedure-choice task's data sources name their levels; the per-level table gives start, final, gain and
+    AUC per arm; the replay table gives the non-zero-advantage share (1 - zero_var_share), replay and pool figures."""
+    curves = {}
+    for arm, gain in (("grpo", 0.2), ("exgrpo", 0.4)):
+        curves[arm] = []
+        for seed in (1, 2):
+            rows = [
+                {"step": 0, "val-core/procedures_medium/acc/mean@1": 0.1, "val-core/procedures_easy/acc/mean@1": 0.9}
+            ]
+            for step in (1, 2):
+                row = _train(step, sampled=0.3, replayed=2 if arm == "exgrpo" else 0, pool=10 * step)
+                row.update({"step": step, "exgrpo/signal/zero_var_share": 0.5 - 0.1 * step * seed})
+                row.update({"exgrpo/pool/bucket_1": float(step), "exgrpo/pool/bucket_7": 2.0 * seed})
+                rows.append(row)
+            rows[-1]["val-core/procedures_medium/acc/mean@1"] = 0.1 + gain * seed
+            rows[-1]["val-core/procedures_easy/acc/mean@1"] = 0.9
+            curves[arm].append(run_curve(rows, f"{arm} {seed}", group_size=8))
+    c = curves["grpo"][0]
+    assert c.levels == ["easy", "medium"] and c.nonzero_group_share == [pytest.approx(0.6), pytest.approx(0.7)]
+    assert c.final_buckets == {1: 2.0, 7: 2.0}
+
+    table = level_table(curves).strip().splitlines()
+    assert table[0] == "| arm | level | start | final | gain | AUC |"
+    # exgrpo medium: gains 0.4 and 0.8 -> 0.600 ± 0.283; AUC = the mean of the two points, (0.1 + final) / 2
+    assert "| exgrpo | medium | 0.100 ± 0.000 | 0.700 ± 0.283 | 0.600 ± 0.283 | 0.400 ± 0.141 |" in table
+    assert "| grpo | easy | 0.900 ± 0.000 | 0.900 ± 0.000 | 0.000 ± 0.000 |" in table[2]
+
+    replay = replay_table(curves, early_steps=1).strip().splitlines()
+    assert "non-zero-advantage groups" in replay[0] and "pool by k (end)" in replay[0]
+    # seed 1: 0.6, 0.7 (mean 0.65); seed 2: 0.7, 0.9 (mean 0.8); first step 0.6 / 0.7; last 0.7 / 0.9
+    grpo = replay[2].split(" | ")
+    assert grpo[1:4] == ["0.725 ± 0.106", "0.650 ± 0.071", "0.800 ± 0.141"]
+    assert grpo[4] == "0.000 ± 0.000" and replay[3].split(" | ")[4] == "0.500 ± 0.000"  # 2 of 4 questions replayed
+    assert replay[3].rstrip(" |").endswith("1: 2.0 / 7: 3.0")
+
+    png = plot_levels(curves, tmp_path / "levels.png", title="t")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_level_keeps_a_source_name_it_does_not_know():
+    assert level_name("toy_arithmetic_hard") == "hard" and level_name("procedures_easy") == "easy"
+    assert level_name("gsm8k") == "gsm8k" and level_name("procedures_") == "procedures_"

@@ -60,6 +60,15 @@ from data_preprocess.toy_arithmetic import (
     write_parquet,
 )
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
+from recipe.exgrpo.harness.procedure_task import (
+    CAREFUL,
+    PROCEDURE_DATA,
+    QUICK,
+    ProcedureSpec,
+    criteria_problems,
+    procedure_report,
+    procedure_response,
+)
 from recipe.exgrpo.harness.tool_task import (
     ToolUseSpec,
     add_tool_tokens,
@@ -146,11 +155,19 @@ class AssetSpec:
     # the calculator task's assets (recipe/exgrpo/harness/tool_task.py): tool tokens, calculator exchanges in the
     # warm-up, every row served by verl's tool agent loop; None: the one-turn task
     tools: ToolUseSpec | None = None
+    # the procedure-choice task's assets (recipe/exgrpo/harness/procedure_task.py): its levels and the two procedures
+    # in the warm-up; None: the one-turn sums
+    procedures: ProcedureSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.tools is not None and self.procedures is not None:
+            raise ValueError("an asset is the calculator task (tools) or the procedure-choice task, not both")
 
     def to_dict(self) -> dict[str, Any]:
         out = {"builder_version": BUILDER_VERSION, **asdict(self)}
-        if self.tools is None:  # so the one-turn assets keep the digest (and the bytes) they had before tools
-            del out["tools"]
+        for task in ("tools", "procedures"):  # so the other assets keep the digest (and the bytes) they had before
+            if out[task] is None:
+                del out[task]
         return out
 
     def digest(self) -> str:
@@ -184,17 +201,29 @@ def build_environment() -> dict[str, Any]:
 # The calculator task's warm-up: no answer omits its "</think>" (the one-turn demo's format slip is what its RL
 # learns first; here the gain would mix it with the tool's), a quarter of the examples are calculator exchanges.
 TOOLS_WARMUP = WarmupSpec(unclosed_think_rate=0.0)
+# The procedure-choice task's warm-up: the think block always closed (the format is right at step 0), and answers up
+# to "careful</think>\boxed{123}<|im_end|>" (27 tokens) sampled whole in the report.
+PROCEDURES_WARMUP = WarmupSpec(unclosed_think_rate=0.0, eval_max_new_tokens=32)
 
 
-def asset_spec(rollout: str = "hf", tools: bool = False, call_share: float | None = None) -> AssetSpec:
+def asset_spec(
+    rollout: str = "hf", tools: bool = False, call_share: float | None = None, procedures: bool = False
+) -> AssetSpec:
     """The assets a CPU run on ``rollout`` uses: the default model for ``hf``, the head-size-32 one for ``vllm``;
     with ``tools`` the calculator task's (the same model, taught the calculator in its warm-up; ``call_share``: the
-    share of warm-up examples that call it, default :class:`ToolUseSpec`'s)."""
+    share of warm-up examples that call it, default :class:`ToolUseSpec`'s); with ``procedures`` the procedure-choice
+    task's (recipe/exgrpo/harness/procedure_task.py)."""
     models = {"hf": AssetSpec().model, "vllm": VLLM_MODEL}
     if rollout not in CPU_ROLLOUTS:
         raise ValueError(f"rollout must be one of {list(CPU_ROLLOUTS)}, got {rollout!r}")
     if call_share is not None and not tools:
         raise ValueError("call_share is the calculator task's: it needs tools=True")
+    if tools and procedures:
+        raise ValueError("tools and procedures are two tasks: pick one")
+    if procedures:
+        return AssetSpec(
+            model=models[rollout], warmup=PROCEDURES_WARMUP, data=PROCEDURE_DATA, procedures=ProcedureSpec()
+        )
     if tools:
         tool_spec = ToolUseSpec() if call_share is None else ToolUseSpec(call_share=call_share)
         return AssetSpec(model=models[rollout], warmup=TOOLS_WARMUP, tools=tool_spec)
@@ -302,13 +331,15 @@ def last_boxed(text: str) -> str | None:
 
 def _encode_example(tokenizer, question: str, ground_truth: str, close_think: bool = True) -> tuple[list[int], int]:
     """Prompt + response ids and the number of prompt tokens (the loss covers only the response)."""
+    return _encode_response(tokenizer, question, response_text(ground_truth, close_think))
+
+
+def _encode_response(tokenizer, question: str, response: str) -> tuple[list[int], int]:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
     )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    response_ids = tokenizer.encode(response_text(ground_truth, close_think), add_special_tokens=False) + [
-        tokenizer.eos_token_id
-    ]
+    response_ids = tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]
     return prompt_ids + response_ids, len(prompt_ids)
 
 
@@ -326,19 +357,27 @@ def sft_warmup(
     questions: dict[str, list[tuple[int, str, int]]] | list[tuple[int, str, int]],
     spec: WarmupSpec,
     tools: ToolUseSpec | None = None,
+    procedures: ProcedureSpec | None = None,
 ) -> dict[str, float]:
     """Plain next-token SFT on the response tokens (AdamW, linear warm-up then cosine decay).
 
     ``questions`` per level: every example draws a level uniformly, then a question of it, so each level gets the
     same share of the warm-up however many distinct questions it has (a plain list is one level). With ``tools``, a
     ``tools.call_share`` of the examples are calculator exchanges (``tool_task.encode_tool_exchange``: the loss on
-    the model's two turns, not on the tool's); without it the random draws are those of the one-turn warm-up.
+    the model's two turns, not on the tool's); without it the random draws are those of the one-turn warm-up. With
+    ``procedures``, a ``procedures.careful_share`` of the examples follow the careful procedure, the others the quick
+    one (``procedure_task.procedure_response``), the think block always closed.
     """
     rng = random.Random(spec.seed)
     torch.manual_seed(spec.seed)
     by_level = questions if isinstance(questions, dict) else {"all": questions}
 
     def encode(q: tuple[int, str, int]) -> tuple:
+        if procedures is not None:
+            a, _, b = q
+            return tuple(
+                _encode_response(tokenizer, question_text(*q), procedure_response(p, a, b)) for p in (CAREFUL, QUICK)
+            )
         closed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=True)
         unclosed = _encode_example(tokenizer, question_text(*q), str(answer(*q)), close_think=False)
         if tools is None:
@@ -369,7 +408,9 @@ def sft_warmup(
     for _ in tqdm(range(spec.steps), desc="SFT warm-up of the tiny model", unit="step", mininterval=2.0):
         picked = [pools[rng.randrange(len(pools))] for _ in range(spec.batch_size)]
         pairs = [pool[rng.randrange(len(pool))] for pool in picked]
-        if tools is None:
+        if procedures is not None:
+            batch = [careful if rng.random() < procedures.careful_share else quick for careful, quick in pairs]
+        elif tools is None:
             batch = [unclosed if rng.random() < spec.unclosed_think_rate else closed for closed, unclosed in pairs]
         else:
             batch = []
@@ -418,6 +459,28 @@ def success_counts(
     With ``think_gate`` (the recipe's reward default) only the text after ``</think>`` counts and a response
     without it scores 0; without it, any response whose last ``\\boxed{}`` is right counts (the arithmetic).
     """
+    correct = [0] * len(rows)
+    for texts in sampled_responses(model, tokenizer, rows, samples_per_question, temperature, max_new_tokens, seed):
+        for i, (row, text) in enumerate(zip(rows, texts, strict=True)):
+            if think_gate:
+                if THINK_CLOSE not in text:
+                    continue
+                text = text.rsplit(THINK_CLOSE, 1)[1]
+            correct[i] += int(last_boxed(text) == row["reward_model"]["ground_truth"])
+    return correct
+
+
+@torch.no_grad()
+def sampled_responses(
+    model,
+    tokenizer,
+    rows: list[dict],
+    samples_per_question: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> list[list[str]]:
+    """``samples_per_question`` rounds of one sampled response per row (special tokens dropped), round by round."""
     from transformers import GenerationConfig
 
     torch.manual_seed(seed)
@@ -440,17 +503,11 @@ def success_counts(
         pad_token_id=pad,
         bos_token_id=None,
     )
-    correct = [0] * len(rows)
+    rounds = []
     for _ in range(samples_per_question):
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg)
-        texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-        for i, (row, text) in enumerate(zip(rows, texts, strict=True)):
-            if think_gate:
-                if THINK_CLOSE not in text:
-                    continue
-                text = text.rsplit(THINK_CLOSE, 1)[1]
-            correct[i] += int(last_boxed(text) == row["reward_model"]["ground_truth"])
-    return correct
+        rounds.append(tokenizer.batch_decode(out[:, width:], skip_special_tokens=True))
+    return rounds
 
 
 def spread_report(rows: list[dict], counts: list[int], samples_per_question: int) -> dict[str, Any]:
@@ -584,7 +641,7 @@ def _build_assets(out_dir: str | Path, spec: AssetSpec) -> Assets:
 
     questions = warmup_questions(spec.data, spec.warmup.questions_per_level, seed=spec.warmup.seed)
     t0 = time.perf_counter()
-    losses = sft_warmup(model, tokenizer, questions, spec.warmup, tools=spec.tools)
+    losses = sft_warmup(model, tokenizer, questions, spec.warmup, tools=spec.tools, procedures=spec.procedures)
     warmup_seconds = time.perf_counter() - t0
     save_model(model, tokenizer, root / "model")
 
@@ -597,7 +654,12 @@ def _build_assets(out_dir: str | Path, spec: AssetSpec) -> Assets:
         max_new_tokens=spec.warmup.eval_max_new_tokens,
         seed=spec.warmup.seed,
     )
-    if spec.tools is None:
+    if spec.procedures is not None:
+        # the task's criteria figures (docs/learning.md): pass@1 and pass@K per level, the groups without variance
+        evaluation = procedure_report(val_rows, sampled_responses(model, tokenizer, val_rows, **sampling))
+        evaluation["pass_rate"] = evaluation["pass_at_1"]
+        evaluation["criteria_problems"] = criteria_problems(evaluation)
+    elif spec.tools is None:
         # what the think-gated reward gives (the spread RL sees), and the arithmetic alone (any last \boxed{})
         evaluation = spread_report(val_rows, success_counts(model, tokenizer, val_rows, **sampling), k)
         arithmetic = spread_report(
@@ -686,6 +748,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{ToolUseSpec().call_share}; another value is another asset)",
     )
     parser.add_argument(
+        "--procedures",
+        action="store_true",
+        help="the procedure-choice task's assets (two procedures in the warm-up, levels cut by the carries; "
+        "docs/learning.md)",
+    )
+    parser.add_argument(
         "--random",
         action="store_true",
         help="write only a randomly initialised tiny model with an 8192-position context into --out (no warm-up, no "
@@ -702,12 +770,15 @@ def main(argv: list[str] | None = None) -> None:
         save_model(build_model(spec, tokenizer), tokenizer, Path(args.out))
         print(json.dumps({"model_path": str(Path(args.out)), "max_position_embeddings": 8192}, indent=2))
         return
+    if args.tools and args.procedures:
+        parser.error("--tools and --procedures are two tasks: pick one")
+    spec = asset_spec(args.rollout, tools=args.tools, call_share=args.call_share, procedures=args.procedures)
     if args.rebuild:
         if not args.out:
             parser.error("--rebuild needs --out")
-        assets = build_assets(args.out, asset_spec(args.rollout, tools=args.tools, call_share=args.call_share))
+        assets = build_assets(args.out, spec)
     else:
-        assets = ensure_assets(asset_spec(args.rollout, tools=args.tools, call_share=args.call_share))
+        assets = ensure_assets(spec)
         if args.out:
             shutil.copytree(assets.root, args.out, dirs_exist_ok=True)
             assets = Assets(Path(args.out))

@@ -29,6 +29,11 @@ VAL_ANY_KEY = re.compile(r"^val-(?:core|aux)/(?P<source>[^/]+)/(?P<var>[^/]+)/me
 # the recipe's reward logs whether each response closed its think block (the toy task's format)
 THINK_KEY = re.compile(r"^val-aux/(?P<source>[^/]+)/think_closed/mean@(?P<n>\d+)$")
 DEFAULT_SOURCE_PREFIX = "toy_arithmetic_"
+#: the data sources' prefixes of the CPU tasks' levels: the toy sums and the procedure-choice task
+SOURCE_PREFIXES = (DEFAULT_SOURCE_PREFIX, "procedures_")
+#: the replay step's share of groups with zero reward variance (exgrpo/gradient_signal.py), every group counted
+ZERO_VAR_KEY = "exgrpo/signal/zero_var_share"
+BUCKET_KEY = re.compile(r"^exgrpo/pool/bucket_(?P<k>\d+)$")
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -90,8 +95,13 @@ def ordered_levels(names) -> list[str]:
     return sorted(names, key=lambda n: (LEVEL_ORDER.index(n) if n in LEVEL_ORDER else len(LEVEL_ORDER), n))
 
 
-def level_name(source: str, prefix: str = DEFAULT_SOURCE_PREFIX) -> str:
-    return source[len(prefix) :] if source.startswith(prefix) and len(source) > len(prefix) else source
+def level_name(source: str, prefix: str | None = None) -> str:
+    """The level of a data source: the source less its task's prefix (``prefix``, else any of
+    :data:`SOURCE_PREFIXES`)."""
+    for known in (prefix,) if prefix is not None else SOURCE_PREFIXES:
+        if source.startswith(known) and len(source) > len(known):
+            return source[len(known) :]
+    return source
 
 
 @dataclass
@@ -123,6 +133,10 @@ class RunCurve:
     tool_turn_share: list[float] = field(default_factory=list)
     replayed_tool_turn_share: list[float] = field(default_factory=list)  # NaN at steps that replayed nothing
     val_tool_call_by_level: dict[str, list[float]] = field(default_factory=dict)
+    # per step, the share of the batch's groups whose rewards differ (a non-zero advantage: GRPO's gradient comes
+    # from these only), where the run logged it; and the pool's questions per bucket (success count k) at the end
+    nonzero_group_share: list[float] = field(default_factory=list)
+    final_buckets: dict[int, float] = field(default_factory=dict)
     wall_seconds: float | None = None
 
     @property
@@ -178,6 +192,11 @@ def run_curve(
             curve.step_seconds.append(float(row.get("timing_s/step", math.nan)))
             if signal_key in row:
                 curve.signal.append(float(row[signal_key]))
+            if ZERO_VAR_KEY in row:
+                curve.nonzero_group_share.append(1.0 - float(row[ZERO_VAR_KEY]))
+            buckets = {int(m["k"]): float(v) for key, v in row.items() if (m := BUCKET_KEY.match(key))}
+            if buckets:
+                curve.final_buckets = buckets
             if "exgrpo/multi_turn/tool_turn_share" in row:
                 curve.tool_turn_share.append(float(row["exgrpo/multi_turn/tool_turn_share"]))
                 curve.replayed_tool_turn_share.append(
@@ -387,6 +406,98 @@ def summarize_arms(curves_by_arm: Mapping[str, Sequence[RunCurve]], target: floa
             )
         )
     return out
+
+
+def level_table(curves_by_arm: Mapping[str, Sequence[RunCurve]]) -> str:
+    """Per arm and level, mean ± std over seeds: the validation accuracy before training, at the end, the gain, and
+    the area under the curve (its mean height)."""
+    head = ["arm", "level", "start", "final", "gain", "AUC"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for arm, curves in curves_by_arm.items():
+        for lv in ordered_levels({lv for c in curves for lv in c.val_by_level}):
+            runs = [(c.val_steps, c.val_by_level[lv]) for c in curves if c.val_by_level.get(lv)]
+            cells = [
+                mean_std(v[0] for _, v in runs),
+                mean_std(v[-1] for _, v in runs),
+                mean_std(v[-1] - v[0] for _, v in runs),
+                mean_std(area_under_curve(s, v) for s, v in runs),
+            ]
+            lines.append("| " + " | ".join([arm, lv] + [plus_minus(c) for c in cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replay_table(curves_by_arm: Mapping[str, Sequence[RunCurve]], early_steps: int = 10) -> str:
+    """Per arm, mean ± std over seeds: the share of groups with a non-zero advantage (all steps, the first
+    ``early_steps``, the last ``early_steps``), the replayed share of the questions, and, at the last step, the
+    retired questions, the pool's questions and its bucket mix (questions per success count k, seeds' mean)."""
+    head = [
+        "arm",
+        "non-zero-advantage groups",
+        f"first {early_steps} steps",
+        f"last {early_steps} steps",
+        "replayed share",
+        "retired (end)",
+        "pool questions (end)",
+        "pool by k (end)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for arm, curves in curves_by_arm.items():
+        shares = [c.nonzero_group_share for c in curves if c.nonzero_group_share]
+        ks = sorted({k for c in curves for k in c.final_buckets})
+        mix = " / ".join(f"{k}: {statistics.fmean(c.final_buckets.get(k, 0.0) for c in curves):.1f}" for k in ks)
+        cells = [
+            plus_minus(mean_std(statistics.fmean(v) for v in shares)),
+            plus_minus(mean_std(statistics.fmean(v[:early_steps]) for v in shares)),
+            plus_minus(mean_std(statistics.fmean(v[-early_steps:]) for v in shares)),
+            plus_minus(mean_std(statistics.fmean(c.replayed_share) for c in curves if c.replayed_share)),
+            plus_minus(mean_std(c.retired[-1] for c in curves if c.retired), 1),
+            plus_minus(mean_std(c.pool_questions[-1] for c in curves if c.pool_questions), 1),
+            mix or "—",
+        ]
+        lines.append("| " + " | ".join([arm] + cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_levels(curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path, title: str = "") -> Path:
+    """One panel per level (validation accuracy, mean ± std over seeds per arm) and one for the share of groups with
+    a non-zero advantage per step."""
+    plt = pyplot()
+    levels = ordered_levels({lv for curves in curves_by_arm.values() for c in curves for lv in c.val_by_level})
+    fig, axes = plt.subplots(1, len(levels) + 1, figsize=(4.2 * (len(levels) + 1), 4), squeeze=False)
+    panels = list(axes[0])
+    for i, (arm, curves) in enumerate(curves_by_arm.items()):
+        color = f"C{i}"
+        for ax, lv in zip(panels, levels):
+            with_level = [c for c in curves if c.val_by_level.get(lv)]
+            common = sorted(set.intersection(*(set(c.val_steps) for c in with_level))) if with_level else []
+            values = [[c.val_by_level[lv][c.val_steps.index(s)] for c in with_level] for s in common]
+            _band(ax, common, values, color, f"{arm} (n={len(with_level)})", "o-")
+        with_share = [c for c in curves if len(c.nonzero_group_share) == len(c.steps) and c.steps]
+        common = sorted(set.intersection(*(set(c.steps) for c in with_share))) if with_share else []
+        values = [[c.nonzero_group_share[c.steps.index(s)] for c in with_share] for s in common]
+        _band(panels[-1], common, values, color, arm, "-")
+    for ax, lv in zip(panels, levels):
+        ax.set_title(f"validation accuracy: {lv}")
+    panels[-1].set_title("groups with a non-zero advantage")
+    for ax in panels:
+        ax.set_xlabel("training step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def _band(ax, steps: Sequence[int], values: Sequence[Sequence[float]], color: str, label: str, style: str) -> None:
+    if not steps:
+        return
+    mean = [statistics.fmean(v) for v in values]
+    std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+    ax.plot(steps, mean, style, color=color, label=label, ms=3)
+    ax.fill_between(
+        steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
+    )
 
 
 def plus_minus(value: tuple[float, float], digits: int = 3) -> str:
