@@ -58,6 +58,7 @@ from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     summarize_arms,
     write_csv,
 )
+from recipe.exgrpo.harness.procedure_task import TASK_RUN_SETTINGS  # noqa: E402
 
 # ---- the protocol, fixed before running ------------------------------------------------------------------------
 # name -> (exgrpo.enable, extra hydra overrides). The comparison is grpo vs exgrpo; the others are the recipe's
@@ -116,9 +117,6 @@ TEST_FREQ = DEMO_SETTINGS["test_freq"]
 # "steps to target": the first validation at or above this accuracy (the warmed-up model starts at ~0.20)
 TARGET_ACCURACY = 0.35
 WALL_LIMIT_S = 1200
-#: the tasks (``--task``): the demo's sums, or the procedure-choice task (recipe/exgrpo/harness/procedure_task.py),
-#: whose longest answer "careful</think>\boxed{123}<|im_end|>" is 27 tokens: the run settings it changes
-TASK_RUN_SETTINGS: dict[str, dict] = {"sums": {}, "procedures": {"max_response_length": 32}}
 
 
 def run_one(

@@ -49,8 +49,6 @@ SEEDS = (1, 2, 3)
 SAMPLES = 8
 #: the buckets of the training questions by the warmed-up model's success rate k/K: (low, high] of each
 BUCKETS = {"hard": (0.0, 0.25), "medium": (0.25, 0.75), "easy": (0.75, 1.0)}
-#: the run settings of the procedure task (as benchmarks/learning_cpu.py's)
-TASK_SETTINGS = {"max_response_length": 32}
 
 
 def bucket_of(successes: int, samples: int) -> str | None:
@@ -64,16 +62,11 @@ def sample_with_entropy(model, tokenizer, rows: list[dict], samples: int, max_ne
     import torch
     from transformers import GenerationConfig
 
+    from recipe.exgrpo.harness.assets import left_padded_prompts
+
     torch.manual_seed(seed)
-    prompts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
-    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    width = max(len(e) for e in encoded)
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, ids in enumerate(encoded):
-        input_ids[i, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[i, width - len(ids) :] = 1
+    input_ids, attention_mask = left_padded_prompts(tokenizer, rows)
+    width, pad, eos = input_ids.shape[1], tokenizer.pad_token_id, tokenizer.eos_token_id
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=True,
@@ -225,6 +218,7 @@ def buckets_part(assets, out: Path, samples: int, seeds: list[int], fresh: bool)
         run_curve,
         summarize_arms,
     )
+    from recipe.exgrpo.harness.procedure_task import PROCEDURE_RUN_SETTINGS
 
     counts_file = out / "train_success_counts.json"
     if counts_file.exists():
@@ -240,7 +234,7 @@ def buckets_part(assets, out: Path, samples: int, seeds: list[int], fresh: bool)
                 out / "buckets" / f"{name}_seed{seed}",
                 seed=seed,
                 exgrpo_enable=False,
-                **TASK_SETTINGS,
+                **PROCEDURE_RUN_SETTINGS,
             )
             res = launch_or_reuse(run, bucket, f"preliminary {name} seed {seed}", fresh, bucket=name, questions=size)
             label = f"GRPO on {name} ({size} q)"

@@ -63,6 +63,7 @@ from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     run_curve,
     save_figure,
 )
+from recipe.exgrpo.harness.procedure_task import TASK_RUN_SETTINGS  # noqa: E402
 
 # ---- the protocol, fixed before running ------------------------------------------------------------------------
 
@@ -202,11 +203,6 @@ def write_run_csv(record: RunRecord, path: Path) -> None:
             writer.writerow(
                 {**base, "kind": "train", "step": step, **{c: record.series[c].get(step, "") for c in STEP_KEYS}}
             )
-
-
-#: the tasks (``--task``): the demo's sums, or the procedure-choice task (recipe/exgrpo/harness/procedure_task.py),
-#: whose longest answer is 27 tokens: the run settings it changes (the same as benchmarks/learning_cpu.py's)
-TASK_RUN_SETTINGS: dict[str, dict] = {"sums": {}, "procedures": {"max_response_length": 32}}
 
 
 def run_one(regime: str, arm: str, seed: int, out: Path, assets, fresh: bool, task: str = "sums") -> RunRecord | None:

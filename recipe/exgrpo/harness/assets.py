@@ -470,6 +470,19 @@ def success_counts(
     return correct
 
 
+def left_padded_prompts(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' chat-templated prompts as one left-padded batch: ``input_ids`` and ``attention_mask``."""
+    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
+    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    width = max(len(e) for e in encoded)
+    input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, ids in enumerate(encoded):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
+    return input_ids, attention_mask
+
+
 @torch.no_grad()
 def sampled_responses(
     model,
@@ -484,15 +497,8 @@ def sampled_responses(
     from transformers import GenerationConfig
 
     torch.manual_seed(seed)
-    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
-    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    width = max(len(e) for e in encoded)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, ids in enumerate(encoded):
-        input_ids[i, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[i, width - len(ids) :] = 1
+    input_ids, attention_mask = left_padded_prompts(tokenizer, rows)
+    width, pad = input_ids.shape[1], tokenizer.pad_token_id
     gen_cfg = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=temperature > 0,

@@ -46,6 +46,12 @@ PROCEDURE_LEVELS: tuple[Difficulty, ...] = (
 PROCEDURE_DATA_SOURCE = "procedures"
 PROCEDURE_DATA = ToyArithmeticConfig(levels=PROCEDURE_LEVELS, data_source=PROCEDURE_DATA_SOURCE)
 
+#: what a CPU run on the task changes from the demo's settings: room for its longest answer,
+#: "careful</think>\\boxed{123}<|im_end|>" (27 tokens)
+PROCEDURE_RUN_SETTINGS: dict = {"max_response_length": 32}
+#: the settings each CPU task changes in a run (the benchmarks' ``--task``): the demo's sums change nothing
+TASK_RUN_SETTINGS: dict[str, dict] = {"sums": {}, "procedures": PROCEDURE_RUN_SETTINGS}
+
 #: what the task must show after the warm-up, before a comparison is run on it (docs/learning.md)
 CRITERIA = {
     # pass@8 - pass@1 on the medium level: the success is in the model, rare per sample
