@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import is_
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -47,7 +48,9 @@ from exgrpo.modes.binary import BinaryMode
 __all__ = ["COUNTERS", "CollectionRules"]
 
 #: the arrays of one group's members to store, checked with the call's others: the call's columns, the group's range
-Prepared: TypeAlias = tuple[MemberColumns, int, int]
+#: in them, and the rewards of the call's members as floats where the whole call is clean (no member with a defect or
+#: arrays the pool cannot convert, no per-question cap), else None
+Prepared: TypeAlias = tuple[MemberColumns, int, int, list[float] | None]
 
 
 @dataclass(slots=True)
@@ -329,7 +332,10 @@ class CollectionRules:
                 if g.question_id in pending:  # the same question twice in one call: its first entries first
                     self.store(batch)
                     pending.clear()
-                if self._collect_group(g, plan, step, retire_only, stats, batch, prepared.get(i)):
+                checked = prepared.get(i)
+                if checked is not None and self._admit_new_question(g, plan, step, stats, batch, checked):
+                    pending.add(g.question_id)
+                elif self._collect_group(g, plan, step, retire_only, stats, batch, checked):
                     pending.add(g.question_id)
         finally:  # also when a later group is malformed: what was decided is stored, the pool stays consistent
             try:
@@ -373,7 +379,18 @@ class CollectionRules:
         except Exception:
             return {}
         columns = member_arrays_many(qids, todo, stage=self.tokens.stage)
-        return {i: (columns, start, stop) for i, (start, stop) in spans.items()}
+        rewards = None
+        if (
+            self.max_entries_per_question is None
+            and not any(columns.defect)
+            and not any(map(is_, columns.token_ids, repeat(None)))
+            and not any([m.defect is not None for m in todo])
+        ):
+            try:
+                rewards = [float(m.reward) for m in todo]
+            except Exception:  # raised again where the general path converts it
+                rewards = None
+        return {i: (columns, start, stop, rewards) for i, (start, stop) in spans.items()}
 
     def _check_size(self, g: Group) -> None:
         if len(g.members) != self.k:
@@ -412,6 +429,42 @@ class CollectionRules:
             stats.out_of_range += 1
             return False
         return self._admit(qid, [g.members[i] for i in plan.members], plan.bucket, step, stats, batch, prepared)
+
+    def _admit_new_question(
+        self, g: Group, plan: GroupPlan, step: int, stats: CollectStats, batch: EntryBatch, prepared: Prepared
+    ) -> bool:
+        """The common case of :meth:`_collect_group` in one call, for a group whose plan stores members (the only
+        groups with ``prepared`` arrays) in a clean call (its rewards known): a question that holds no trajectory
+        yet and members of distinct lengths (so no duplicate to look for). Puts them into ``batch`` and sets the
+        bucket exactly as the general path does, and returns True; returns False, having changed nothing, for any
+        other group (the general path then applies it). Most groups of a collect call are of this kind, and one
+        call instead of the general path's five is most of what applying them costs."""
+        columns, start, stop, rewards = prepared
+        if rewards is None or start == stop:
+            return False
+        lengths = columns.lengths[start:stop]
+        n = stop - start
+        qid = g.question_id
+        if len(set(lengths)) != n or self.table.slots_of(qid):
+            return False
+        qi = self.table.question_index(qid)
+        self.mode.count_bucket(stats, plan.bucket)  # type: ignore[arg-type]
+        self.counters["collected"] += n
+        stats.added_entries += n
+        stats.added_tokens += sum(lengths)
+        first = self.table.reserve_entry_ids(n)
+        batch.extend(
+            qi,
+            range(first, first + n),
+            columns.token_ids[start:stop],  # type: ignore[arg-type]
+            columns.stored_log_probs[start:stop],  # type: ignore[arg-type]
+            rewards[start:stop],
+            step,
+            columns.masked[start:stop],
+        )
+        self.buckets.set(qid, plan.bucket)  # type: ignore[arg-type]
+        stats.bucket_updates += 1
+        return True
 
     def _admit(
         self,
@@ -459,7 +512,7 @@ class CollectionRules:
         exchange was cut in a tool turn, is counted and left out), deduplicated, entry ids reserved in order.
         ``prepared``: their arrays, checked with the call's others (:meth:`_prepare_members`)."""
         if prepared is not None:  # the common case, as the loop below takes it: converted, and no defect found
-            columns, start, stop = prepared
+            columns, start, stop, _ = prepared
             ids = columns.token_ids[start:stop]
             for m, i, d in zip(members, ids, columns.defect[start:stop]):
                 if i is None or d is not None or m.defect is not None:

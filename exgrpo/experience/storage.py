@@ -45,8 +45,9 @@ __all__ = [
 TOKEN_SCHEMA = pa.schema([("token_ids", pa.int32()), ("behaviour_log_probs", pa.float32())])
 #: Tokens per arena chunk, and per record batch of ``tokens.arrow`` (4M tokens: 16 MB ids + 16 MB log-probs).
 DEFAULT_CHUNK_TOKENS = 1 << 22
-#: Tokens per block of :meth:`TokenStorage.stage` with a check (256 KB of log-probs).
-STAGE_BLOCK_TOKENS = 1 << 16
+#: Tokens per block of :meth:`TokenStorage.stage` with a check (1 MB of log-probs: a core's L2 cache on the development
+#: machine; fewer, larger blocks measured faster than 256 KB ones, benchmarks/pool_scale.py).
+STAGE_BLOCK_TOKENS = 1 << 18
 #: the token file's record key for its loss mask: {"encoding": masks.ENCODING, "masked_tokens": n}, when n > 0
 LOSS_MASK_KEY = "loss_mask"
 

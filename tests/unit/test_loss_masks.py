@@ -443,3 +443,66 @@ def test_masked_members_encoded_where_they_are_staged_are_stored_as_without_stag
         assert _contents(pool) == expected, name
         assert stats[name] == stats["per_entry"] and pool.counters == pools["per_entry"].counters, name
         assert pool.table.total_masked == pools["per_entry"].table.total_masked, name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_common_case_in_one_call_stores_what_the_general_path_stores(seed, monkeypatch):
+    """A collect call applies most groups (a question without stored trajectories, members of distinct lengths, a
+    clean call) in one call instead of the general path's five. With that path switched off, the same calls leave
+    the same pool: entries, buckets, retired questions, counters and every call's statistics. Both kinds of group
+    occur (the one-call path is taken and declined), and calls without it (a member with a defect) as well."""
+    from exgrpo.experience.collection import CollectionRules
+
+    rng = np.random.default_rng(100 + seed)
+
+    def fresh(r, length=None, defect=False):
+        kind = r.integers(0, 4)
+        ids, mask, lps = exchange(r, turns=int(r.integers(1, 4)))
+        if defect:  # cut in a tool turn: a defect, not stored (and the call is not clean)
+            return GroupMember(np.r_[ids, 7], np.r_[lps, -0.1].astype(np.float32), 1.0, loss_mask=np.r_[mask, 0])
+        if length is not None:  # a given length: the dedup has something to compare
+            ids, lps = np.resize(ids, length), np.resize(lps, length)
+            mask = None
+        if kind < 2 or mask is None:
+            return GroupMember(ids.astype(np.int32), lps, 1.0)
+        return GroupMember(ids, lps, 1.0, loss_mask=mask.astype(np.bool_))
+
+    calls = []
+    for _ in range(16):
+        groups, seen = [], []
+        defect_at = int(rng.integers(0, 8)) if rng.random() < 0.25 else -1
+        for g in range(int(rng.integers(2, 8))):
+            q = f"q{int(rng.integers(0, 40))}"
+            r = np.random.default_rng(int(rng.integers(0, 1 << 30)))
+            if rng.random() < 0.1:  # K/K: retire it
+                groups.append(Group(q, [fresh(r) for _ in range(K)]))
+                continue
+            same = int(r.integers(5, 8)) if rng.random() < 0.2 else None  # members of one length
+            members = [fresh(r, same, defect=g == defect_at and i == 0) for i in range(int(rng.integers(1, K)))]
+            if seen and rng.random() < 0.2:  # a duplicate of a member of the call
+                members[0] = seen[int(rng.integers(0, len(seen)))]
+            seen += members
+            groups.append(Group(q, members + [wrong()] * (K - len(members))))
+        calls.append(groups)
+
+    taken = {True: 0, False: 0}
+    one_call = CollectionRules._admit_new_question
+
+    def counted(self, *args):
+        done = one_call(self, *args)
+        taken[done] += 1
+        return done
+
+    def run(path):
+        monkeypatch.setattr(CollectionRules, "_admit_new_question", path)
+        pool = ExperiencePool(K, chunk_tokens=64)
+        stats = [pool.collect(step, groups).as_metrics() for step, groups in enumerate(calls, start=1)]
+        return pool, stats
+
+    pool, stats = run(counted)
+    general, general_stats = run(lambda self, *args: False)
+    assert taken[True] >= 10 and taken[False] >= 3, taken
+    assert _contents(pool) == _contents(general) and any(_contents(general).values())
+    assert stats == general_stats
+    assert pool.counters == general.counters and list(pool.retired) == list(general.retired)
+    assert [pool.buckets.members(b) for b in range(K)] == [general.buckets.members(b) for b in range(K)]
