@@ -95,6 +95,10 @@ def trajectory_defect(log_probs: np.ndarray, mask: np.ndarray | None) -> tuple[s
 _NO_MODEL_TOKEN = "no token of the trajectory is the model's"
 _ENDS_MASKED = "it ends on a token that is not the model's (cut in a tool response)"
 _max, _min = np.maximum.reduce, np.minimum.reduce
+try:  # the C function behind np.count_nonzero, without its dispatch layer: a collect call counts each masked member
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # another numpy layout: the public function (the same counts)
+    _count_nonzero = np.count_nonzero
 
 
 def log_prob_defect(model: np.ndarray) -> tuple[str, str] | None:
@@ -223,6 +227,7 @@ class _Checks:
         self.encoded: dict[int, np.ndarray] = {}
         self._ones: np.ndarray | None = None  # the mask of a member without one, in a block with masked members
         self._size_list: list[int] | None = None
+        self._other: np.ndarray | None = None  # a block's tokens that are not the model's
 
     def check(self, first: int, stop: int, written: np.ndarray) -> list[np.ndarray] | None:
         """The work on members first..stop-1, whose log-probs ``written`` holds (concatenated, writable); returns
@@ -242,11 +247,14 @@ class _Checks:
             self._ones = np.ones(max(self._size_list), dtype=np.bool_)
         sizes = self._size_list[first:stop]
         ones = self._ones
-        other = np.concatenate([ones[:n] if mask is None else mask for mask, n in zip(masks, sizes)])  # type: ignore[index]
+        if self._other is None or self._other.shape[0] < written.shape[0]:  # one buffer for every block of the call
+            self._other = np.empty(written.shape[0], dtype=np.bool_)
+        other = self._other[: written.shape[0]]
+        np.concatenate([ones[:n] if mask is None else mask for mask, n in zip(masks, sizes)], out=other)  # type: ignore[index]
         np.logical_not(other, out=other)  # True on the tokens that are not the model's
         np.copyto(written, MASKED_LOG_PROB, where=other)  # the encoding, in place (a member without any: as it was)
         self.last[first:stop] = ~other[at + self.sizes[first:stop] - 1]
-        model = [n if mask is None else np.count_nonzero(mask) for mask, n in zip(masks, sizes)]
+        model = [n if mask is None else _count_nonzero(mask) for mask, n in zip(masks, sizes)]
         self.model[first:stop] = model
         out = list(self.arrays[first:stop])
         starts = at.tolist()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import gt, not_
 from typing import Any
 
 import numpy as np
@@ -102,6 +104,7 @@ class BinaryMode(RewardMode):
         # is_success's rule inline (a call per member costs as much as the rest of the plan), unless a subclass
         # moved it elsewhere than success_reward
         inline = type(self).is_success is BinaryMode.is_success
+        made: dict[tuple[int, tuple[int, ...]], GroupPlan] = {}  # GroupPlan is frozen: one per (bucket, members)
 
         def plan(index: int, group: Any) -> GroupPlan:
             members = group.members
@@ -109,7 +112,8 @@ class BinaryMode(RewardMode):
                 ok = [float(m.reward) >= threshold for m in members]
             else:
                 ok = [self.is_success(m.reward) for m in members]
-            counted = ok if count_replayed else [o for m, o in zip(members, ok) if not m.is_replayed]
+            replayed = [m.is_replayed for m in members]
+            counted = ok if count_replayed or not any(replayed) else list(compress(ok, map(not_, replayed)))
             successes = sum(counted)
             counts.append(successes)
             if successes == len(counted):
@@ -117,8 +121,12 @@ class BinaryMode(RewardMode):
             if successes == 0:
                 return _NO_SIGNAL
             # a replayed member is already stored (with its original behaviour log-probs): never re-inserted
-            fresh = tuple([i for i, (m, o) in enumerate(zip(members, ok)) if o and not m.is_replayed])
-            return GroupPlan(bucket=successes, members=fresh)
+            fresh = tuple(compress(range(len(ok)), ok if not any(replayed) else map(gt, ok, replayed)))
+            key = (successes, fresh)
+            found = made.get(key)
+            if found is None:
+                found = made[key] = GroupPlan(bucket=successes, members=fresh)
+            return found
 
         return plan
 
