@@ -39,6 +39,12 @@ save + load < 10 s.
     python benchmarks/pool_scale.py --baseline none --tool-share 0.5   # half the pool multi-turn
     python benchmarks/pool_scale.py --trajectories 50000 --layouts arena --baseline eb47d55 --tool-share 0,0.5
 
+``--interleave`` adds collect rows measured with every column of a layout in one process, call by call in turn (each
+column its own pool and synthetic stream; the order rotates each step; each implementation's modules swapped in for
+its calls): a drift of the machine's load then falls on all columns alike, and each column's calls are also compared
+with the first column's call of the same step (the median of those ratios). This is the comparison to read for a
+before/after ratio; the build rows above it still come from a process per column.
+
 On a busy machine a column's figures depend on what else ran while it was built; ``--repeat N`` builds every column
 N times, round-robin (each repeat in another order), and reports the median over the repeats of the collect rows,
 with each repeat's median in a row of its own (the builds after the first stop after collecting). Where other jobs
@@ -324,6 +330,72 @@ def mask_encodings(pool, cands) -> dict:
     }
 
 
+def exgrpo_modules() -> dict[str, ModuleType]:
+    return {name: m for name, m in sys.modules.items() if name == "exgrpo" or name.startswith("exgrpo.")}
+
+
+def use_modules(root: str, modules: dict[str, ModuleType]) -> None:
+    """Make ``modules`` (one implementation's ``exgrpo``, from the tree at ``root``) the ones imported by name, so that
+    an import inside its functions finds its own package."""
+    for name in exgrpo_modules():
+        del sys.modules[name]
+    sys.modules.update(modules)
+    if root in sys.path:
+        sys.path.remove(root)
+    sys.path.insert(0, root)
+
+
+def run_interleaved(args: argparse.Namespace) -> list[dict]:
+    """``--interleave``: the collect of every column of one layout (``args.columns``: [[impl or null, tool share],
+    ...]) built in this one process, a step of each column in turn (the order rotating every step)."""
+    layout = args.child
+    specs = json.loads(args.columns)
+    loaded: dict[str | None, tuple[str, ModuleType, dict[str, ModuleType]]] = {}
+    for impl, _ in specs:
+        if impl not in loaded:
+            for name in exgrpo_modules():
+                del sys.modules[name]
+            module = import_experience(impl)
+            loaded[impl] = (os.path.realpath(impl or REPO), module, exgrpo_modules())
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    cols = []
+    for impl, share in specs:
+        root, E, modules = loaded[impl]
+        use_modules(root, modules)
+        ns = argparse.Namespace(**{**vars(args), "tool_share": float(share)})
+        pool = E.ExperiencePool(args.k, storage=layout)
+        stream = Synthetic(ns, E.GroupMember, E.Group).batches(pool, args.trajectories, args.groups_per_step)
+        cols.append({"root": root, "modules": modules, "pool": pool, "stream": stream, "times": [], "done": False})
+    step = 0
+    while not all(c["done"] for c in cols):
+        step += 1
+        for i in range(len(cols)):
+            c = cols[(step + i) % len(cols)]
+            if c["done"]:
+                continue
+            use_modules(c["root"], c["modules"])
+            groups = next(c["stream"], None)
+            if groups is None:
+                c["done"] = True
+                continue
+            t = clock()
+            c["pool"].collect(step, groups)
+            c["times"].append(clock() - t)
+    out = []
+    first = 1e3 * np.asarray(cols[0]["times"][:-1])  # the last step is a partial one
+    for c in cols:
+        ms = 1e3 * np.asarray(c["times"][:-1])
+        n = min(len(ms), len(first))
+        out.append(
+            {
+                "collect_il_median": float(np.median(ms)),
+                "collect_il_ratio": float(np.median(ms) / np.median(first)),
+                "collect_il_paired": float(np.median(ms[:n] / first[:n])),
+            }
+        )
+    return out
+
+
 #: the rows a ``--repeat`` reports as the median over the repeats
 COLLECT_KEYS = ("collect_ms_median", "collect_ms_mean", "collect_ms_p95", "insert_traj_per_s", "insert_mtok_per_s")
 
@@ -334,6 +406,9 @@ ROWS = [
     ("tool_token_share", "share of stored tokens that are tool tokens (mask 0)", "{:.3f}"),
     ("collect_ms_median", "collect of 128 groups: median ms  [< 5]", "{:.2f}"),
     ("collect_ms_medians", "  the median of each repeat, ms", "{}"),
+    ("collect_il_median", "collect, columns interleaved: median ms", "{:.2f}"),
+    ("collect_il_ratio", "  median / the first column's median", "{:.3f}"),
+    ("collect_il_paired", "  median of call-by-call ratios to the first column", "{:.3f}"),
     ("collect_ms_mean", "collect of 128 groups: mean ms", "{:.2f}"),
     ("collect_ms_p95", "collect of 128 groups: p95 ms", "{:.2f}"),
     ("collect_mb_per_step", "collect: MB of new tokens per step", "{:.2f}"),
@@ -367,6 +442,28 @@ ROWS = [
     ("peak_rss_before_load_bytes", "peak RSS before the load, bytes", "{:,.0f}"),
     ("peak_rss_bytes", "peak RSS incl. load (mapped file pages count)", "{:,.0f}"),
 ]
+
+
+def child_command(args: argparse.Namespace, layout: str, workdir: str, share: float) -> list[str]:
+    """The command of a child process measuring ``layout`` with this run's settings and tool share ``share``."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
+    for name in (
+        "trajectories",
+        "mean_len",
+        "len_spread",
+        "k",
+        "batch",
+        "replay_ratio",
+        "groups_per_step",
+        "draw_steps",
+        "churn",
+        "tool_calls",
+        "tool_len",
+        "seed",
+        "clock",
+    ):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return [*cmd, "--tool-share", str(share)]
 
 
 def main() -> None:
@@ -412,6 +509,13 @@ def main() -> None:
         "whose other jobs take the cores from it: time spent waiting for a core is not counted; insert throughput "
         "follows the same clock)",
     )
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="also measure the collect with every column of a layout in one process, call by call in turn (the "
+        "before/after ratio to read on a busy or noisy machine)",
+    )
+    ap.add_argument("--columns", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--collect-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--impl", default=None, help=argparse.SUPPRESS)
@@ -419,7 +523,7 @@ def main() -> None:
 
     if args.child:
         args.tool_share = float(args.tool_share)
-        print(json.dumps(run_layout(args)))
+        print(json.dumps(run_interleaved(args) if args.columns else run_layout(args)))
         return
     shares = [float(x) for x in args.tool_share.split(",")]
 
@@ -440,24 +544,7 @@ def main() -> None:
             # each repeat in another order of the columns, so that a drift of the machine's load spreads over them
             for c in [(r + i) % len(columns) for i in range(len(columns))]:
                 tag, impl, share = columns[c]
-                cmd = [sys.executable, os.path.abspath(__file__), "--child", layout, "--workdir", workdir]
-                for name in (
-                    "trajectories",
-                    "mean_len",
-                    "len_spread",
-                    "k",
-                    "batch",
-                    "replay_ratio",
-                    "groups_per_step",
-                    "draw_steps",
-                    "churn",
-                    "tool_calls",
-                    "tool_len",
-                    "seed",
-                    "clock",
-                ):
-                    cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-                cmd += ["--tool-share", str(share)]
+                cmd = child_command(args, layout, workdir, share)
                 if impl:
                     cmd += ["--impl", impl]
                 if args.keep_files:
@@ -474,8 +561,17 @@ def main() -> None:
                 if proc.returncode != 0:
                     sys.exit(f"[pool_scale] {layout}, {tag} failed:\n{proc.stderr[-3000:]}")
                 runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        for (tag, _, _), repeats in zip(columns, runs, strict=True):
-            out = {**repeats[0], "column": f"{layout} {tag}"}
+        interleaved: list[dict] = [{} for _ in columns]
+        if args.interleave:
+            print(f"[pool_scale] {layout}: every column in one process, call by call in turn ...", flush=True)
+            cmd = child_command(args, layout, workdir, 0.0)
+            cmd += ["--columns", json.dumps([[impl, share] for _, impl, share in columns])]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"[pool_scale] {layout}, interleaved failed:\n{proc.stderr[-3000:]}")
+            interleaved = json.loads(proc.stdout.strip().splitlines()[-1])
+        for (tag, _, _), repeats, il in zip(columns, runs, interleaved, strict=True):
+            out = {**repeats[0], **il, "column": f"{layout} {tag}"}
             if len(repeats) > 1:  # the collect figures: the median over the repeats
                 for key in COLLECT_KEYS:
                     out[key] = float(np.median([x[key] for x in repeats]))
@@ -490,6 +586,7 @@ def main() -> None:
         f"--len-spread {args.len_spread} --baseline {args.baseline}"
         + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
         + (f" --clock {args.clock}" if args.clock != "wall" else "")
+        + (" --interleave" if args.interleave else "")
         + (
             f" --tool-share {args.tool_share} --tool-calls {args.tool_calls} --tool-len {args.tool_len}"
             if any(shares)
