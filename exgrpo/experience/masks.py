@@ -18,8 +18,8 @@ same bytes), a mask costs no byte, and the conversion happens at the pool's boun
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import compress, repeat
-from operator import is_not, ne
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -193,8 +193,11 @@ def prepare_many(
         counts = [0] * n_members
         for k, i in enumerate(members):
             counts[i] = masked_count[k]
-    for k, encoded in found.encoded.items():
-        stored[members[k]] = encoded
+    if len(members) == n_members:
+        stored = found.stored
+    else:
+        for k, i in enumerate(members):
+            stored[i] = found.stored[k]
     for k in found.unusual():  # the members that may have a defect: member by member, as prepare finds it
         i, a, mask = members[k], arrays[k], None if given is None else given[k]
         model, n = int(found.model[k]), int(sizes[k])
@@ -214,8 +217,8 @@ class _Checks:
     """:func:`prepare_many`'s per-block work on the members ``arrays`` (non-empty; ``sizes`` tokens each, ``given``
     their masks or None): :meth:`check` on each block where it is written (by a storage's ``stage`` or by
     :meth:`rest`), which finds per member whether its log-probs fail the bounds (``bad``), its model tokens
-    (``model``), whether it ends on one (``last``) and, for a masked one, encodes it in place (``encoded``: member ->
-    the view of its encoded log-probs, for those :func:`prepare` encodes)."""
+    (``model``), whether it ends on one (``last``) and, for a masked one, encodes it in place (``stored``: per member
+    its own array, or the view of its encoded log-probs for those :func:`prepare` encodes)."""
 
     def __init__(self, arrays: Sequence[np.ndarray], sizes: np.ndarray, given: Sequence[np.ndarray | None] | None):
         self.arrays, self.sizes, self.given = arrays, sizes, given
@@ -224,7 +227,7 @@ class _Checks:
         self.bad = np.zeros(m, dtype=np.bool_)
         self.model = sizes.copy()  # every token the model's until a mask says otherwise
         self.last = np.ones(m, dtype=np.bool_)
-        self.encoded: dict[int, np.ndarray] = {}
+        self.stored = list(arrays)
         self._ones: np.ndarray | None = None  # the mask of a member without one, in a block with masked members
         self._size_list: list[int] | None = None
         self._other: np.ndarray | None = None  # a block's tokens that are not the model's
@@ -256,10 +259,11 @@ class _Checks:
         self.last[first:stop] = ~other[at + self.sizes[first:stop] - 1]
         model = [n if mask is None else _count_nonzero(mask) for mask, n in zip(masks, sizes)]
         self.model[first:stop] = model
-        out = list(self.arrays[first:stop])
-        starts = at.tolist()
-        for j in compress(range(stop - first), map(ne, model, sizes)):  # (a mask of all ones: the array itself)
-            out[j] = self.encoded[first + j] = written[starts[j] : starts[j] + sizes[j]]
+        out = [  # a member without masked tokens (no mask, or all ones): its own array
+            written[a : a + n] if m != n else array
+            for array, a, n, m in zip(self.arrays[first:stop], at.tolist(), sizes, model)
+        ]
+        self.stored[first:stop] = out
         return out
 
     def rest(self, written: int) -> None:
