@@ -51,6 +51,7 @@ from recipe.exgrpo.harness.demo import (  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     level_table,
     markdown_table,
+    paired_table,
     plot_arms,
     plot_levels,
     replay_table,
@@ -266,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     table += "\nper level (validation accuracy):\n\n" + level_table(by_arm)
     table += "\nthe gradient signal and the replay (means over steps, then mean ± std over seeds):\n\n"
     table += replay_table(by_arm)
+    # paired by seed: every arm against GRPO, and the other ExGRPO arms (the ablations) against ExGRPO
+    if "grpo" in curves and len(curves) > 1:
+        table += "\npaired by seed with grpo:\n\n" + paired_table(curves, "grpo")
+    ablations = {arm: runs for arm, runs in curves.items() if arm != "grpo"}
+    if "exgrpo" in ablations and len(ablations) > 1:
+        table += "\npaired by seed with exgrpo:\n\n" + paired_table(ablations, "exgrpo")
     (out / "learning_cpu.md").write_text(header + table)
     png = plot_arms(
         by_arm,

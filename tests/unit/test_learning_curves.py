@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from recipe.exgrpo.harness.learning_curves import (
+    RunCurve,
     area_under_curve,
     describe_run,
     level_name,
     level_table,
     markdown_table,
+    paired_table,
     plot_arms,
     plot_levels,
     plot_run,
@@ -362,3 +364,22 @@ def test_the_procedure_tasks_levels_and_the_signal_and_replay_tables(tmp_path):
 def test_a_level_keeps_a_source_name_it_does_not_know():
     assert level_name("toy_arithmetic_hard") == "hard" and level_name("procedures_easy") == "easy"
     assert level_name("gsm8k") == "gsm8k" and level_name("procedures_") == "procedures_"
+
+
+def test_the_paired_table_differences_per_seed_against_the_baseline():
+    """Each arm minus the baseline's run of the same seed, in points (final and AUC), over the seeds both ran; a seed
+    the baseline lacks is left out; no baseline run, no table."""
+
+    def curve(final):
+        return RunCurve("c", val_steps=[0, 10], val_acc=[0.2, final])
+
+    seeded = {
+        "exgrpo": [(1, curve(0.50)), (2, curve(0.60)), (3, curve(0.70))],
+        "ablation": [(1, curve(0.55)), (2, curve(0.58)), (4, curve(0.99))],  # seed 4: exgrpo did not run it
+    }
+    table = paired_table(seeded, "exgrpo").strip().splitlines()
+    assert table[0] == "| arm − exgrpo | seeds paired | final (points) | AUC (points) | seeds ahead at the end |"
+    assert len(table) == 3  # the baseline has no row of its own
+    # differences +5 and -2 points: mean 1.5, sample std 4.95; the AUC (the mean of two points) moves by half as much
+    assert table[2] == "| ablation | 2 | 1.5 ± 4.9 | 0.8 ± 2.5 | 1/2 |"
+    assert paired_table(seeded, "grpo") == ""

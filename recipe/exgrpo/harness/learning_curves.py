@@ -458,6 +458,30 @@ def replay_table(curves_by_arm: Mapping[str, Sequence[RunCurve]], early_steps: i
     return "\n".join(lines) + "\n"
 
 
+def paired_table(seeded_curves: Mapping[str, Sequence[tuple[int, RunCurve]]], baseline: str) -> str:
+    """Per arm other than ``baseline``: the difference to the baseline's run of the same seed (same initial model and
+    data order), in points of validation accuracy at the end and of the area under the curve, mean ± std over the
+    seeds both arms ran, and the seeds where the arm ended above the baseline. Empty when the baseline has no run."""
+    base = {seed: c for seed, c in seeded_curves.get(baseline, ()) if c.val_acc}
+    if not base:
+        return ""
+    head = [f"arm − {baseline}", "seeds paired", "final (points)", "AUC (points)", "seeds ahead at the end"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for arm, runs in seeded_curves.items():
+        pairs = [(c, base[seed]) for seed, c in runs if arm != baseline and seed in base and c.val_acc]
+        if not pairs:
+            continue
+        d_final = [100 * (c.val_acc[-1] - b.val_acc[-1]) for c, b in pairs]
+        d_auc = [
+            100 * (area_under_curve(c.val_steps, c.val_acc) - area_under_curve(b.val_steps, b.val_acc))
+            for c, b in pairs
+        ]
+        ahead = sum(d > 0 for d in d_final)
+        cells = [arm, str(len(pairs)), plus_minus(mean_std(d_final), 1), plus_minus(mean_std(d_auc), 1)]
+        lines.append("| " + " | ".join([*cells, f"{ahead}/{len(pairs)}"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_levels(curves_by_arm: Mapping[str, Sequence[RunCurve]], path: str | Path, title: str = "") -> Path:
     """One panel per level (validation accuracy, mean ± std over seeds per arm) and one for the share of groups with
     a non-zero advantage per step."""
