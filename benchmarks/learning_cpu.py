@@ -46,6 +46,7 @@ from recipe.exgrpo.harness.demo import (  # noqa: E402
     DEMO_SETTINGS,
     VLLM_DEMO_DELAYED_START,
     demo_run,
+    finished_run,
     launch_or_reuse,
 )
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
@@ -131,8 +132,10 @@ def run_one(
     trainer: str = "legacy",
     python: str = sys.executable,
     task: str = "sums",
-) -> dict:
-    """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time."""
+    report_only: bool = False,
+) -> dict | None:
+    """Run one arm with one seed (or reuse a finished run); return its metrics rows and wall time. ``report_only``:
+    None for a run that is not finished (nothing is launched)."""
     settings = {
         "rollout": rollout,
         "trainer": trainer,
@@ -157,6 +160,9 @@ def run_one(
     recorded = {} if (rollout, run.trainer) == ("hf", "legacy") else {"rollout": rollout, "trainer": run.trainer}
     if task != "sums":
         recorded["task"] = task
+    if report_only and not finished_run(run, **recorded):
+        print(f"[learning_cpu {arm} seed {seed}] not finished: left out (--report-only)", flush=True)
+        return None
     return launch_or_reuse(run, assets, f"learning_cpu {arm} seed {seed}", fresh, **recorded)
 
 
@@ -197,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sums: the demo's toy sums; procedures: the procedure-choice task built for replay (docs/learning.md)",
     )
     parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="the tables and figures of the finished runs only (an unfinished arm/seed is left out, nothing runs)",
+    )
+    parser.add_argument(
         "--wall-limit", type=float, default=WALL_LIMIT_S, help="per-run wall-clock bound, s (a busy machine needs more)"
     )
     args = parser.parse_args(argv)
@@ -223,8 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:  # seed-major: an interrupted benchmark still has both arms for the seeds it finished
         for arm in arms:
             res = run_one(
-                arm, seed, out, assets, args.fresh, args.wall_limit, args.rollout, args.trainer, python, args.task
+                arm,
+                seed,
+                out,
+                assets,
+                args.fresh,
+                args.wall_limit,
+                args.rollout,
+                args.trainer,
+                python,
+                args.task,
+                report_only=args.report_only,
             )
+            if res is None:
+                continue
             curves[arm].append(
                 (
                     seed,
@@ -238,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                 )
             )
+    curves = {arm: runs for arm, runs in curves.items() if runs}
+    if not curves:
+        parser.error("--report-only: no finished run of these arms and seeds in " + str(out))
     write_csv(curves, out / "learning_cpu.csv")
     by_arm = {arm: [c for _, c in runs] for arm, runs in curves.items()}
     summaries = summarize_arms(by_arm, args.target)

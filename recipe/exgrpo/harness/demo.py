@@ -454,6 +454,18 @@ def _follow_metrics(path: Path, stop: threading.Event, on_step: Callable[[dict],
                 time.sleep(0.2)
 
 
+def finished_run(run: ExGRPOCpuRun, **recorded: Any) -> bool:
+    """Whether ``run.output_dir`` holds a finished run that :func:`launch_or_reuse` would reuse (its ``done.json``
+    records ``recorded``)."""
+    import json
+
+    done = Path(run.output_dir) / "done.json"
+    if not done.exists():
+        return False
+    info = json.loads(done.read_text())
+    return all(info.get(key) == value for key, value in recorded.items())
+
+
 def launch_or_reuse(run: ExGRPOCpuRun, assets, label: str, fresh: bool = False, **recorded: Any) -> dict:
     """One seeded run of a benchmark: reuse the finished run in ``run.output_dir`` (its ``done.json``, written when
     a run ends, records the wall time and ``recorded``; a record that differs, e.g. another number of steps, is run
@@ -467,11 +479,12 @@ def launch_or_reuse(run: ExGRPOCpuRun, assets, label: str, fresh: bool = False, 
 
     out = Path(run.output_dir)
     done = out / "done.json"
-    if done.exists() and not fresh:
-        info = json.loads(done.read_text())
-        if all(info.get(key) == value for key, value in recorded.items()):
-            print(f"[{label}] reusing the finished run in {out}", flush=True)
-            return {"rows": read_metrics_file(out / "metrics.jsonl"), "wall_seconds": info["wall_seconds"]}
+    if not fresh and finished_run(run, **recorded):
+        print(f"[{label}] reusing the finished run in {out}", flush=True)
+        return {
+            "rows": read_metrics_file(out / "metrics.jsonl"),
+            "wall_seconds": json.loads(done.read_text())["wall_seconds"],
+        }
     done.unlink(missing_ok=True)
     print(f"[{label}] running ({out / 'train.log'}) ...", flush=True)
     own_tmp = run.ray_temp_dir is None
