@@ -380,16 +380,16 @@ class CollectionRules:
             return {}
         columns = member_arrays_many(qids, todo, stage=self.tokens.stage)
         rewards = None
-        if (
-            self.max_entries_per_question is None
-            and not any(columns.defect)
-            and not any(map(is_, columns.token_ids, repeat(None)))
-            and not any([m.defect is not None for m in todo])
-        ):
-            try:
+        try:  # what raises here is raised again where the general path meets it, in its place
+            if (
+                self.max_entries_per_question is None
+                and not any(columns.defect)
+                and not any(map(is_, columns.token_ids, repeat(None)))
+                and not any([m.defect is not None for m in todo])
+            ):
                 rewards = [float(m.reward) for m in todo]
-            except Exception:  # raised again where the general path converts it
-                rewards = None
+        except Exception:
+            rewards = None
         return {i: (columns, start, stop, rewards) for i, (start, stop) in spans.items()}
 
     def _check_size(self, g: Group) -> None:

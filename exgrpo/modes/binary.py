@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import gt, not_
+from operator import and_
 from typing import Any
 
 import numpy as np
@@ -112,8 +112,8 @@ class BinaryMode(RewardMode):
                 ok = [float(m.reward) >= threshold for m in members]
             else:
                 ok = [self.is_success(m.reward) for m in members]
-            replayed = [m.is_replayed for m in members]
-            counted = ok if count_replayed or not any(replayed) else list(compress(ok, map(not_, replayed)))
+            fresh_ones = None if count_replayed else [not m.is_replayed for m in members]
+            counted = ok if fresh_ones is None or all(fresh_ones) else list(compress(ok, fresh_ones))
             successes = sum(counted)
             counts.append(successes)
             if successes == len(counted):
@@ -121,7 +121,9 @@ class BinaryMode(RewardMode):
             if successes == 0:
                 return _NO_SIGNAL
             # a replayed member is already stored (with its original behaviour log-probs): never re-inserted
-            fresh = tuple(compress(range(len(ok)), ok if not any(replayed) else map(gt, ok, replayed)))
+            if fresh_ones is None:
+                fresh_ones = [not m.is_replayed for m in members]
+            fresh = tuple(compress(range(len(ok)), ok if all(fresh_ones) else map(and_, ok, fresh_ones)))
             key = (successes, fresh)
             found = made.get(key)
             if found is None:

@@ -445,43 +445,75 @@ def test_masked_members_encoded_where_they_are_staged_are_stored_as_without_stag
         assert pool.table.total_masked == pools["per_entry"].table.total_masked, name
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_common_case_in_one_call_stores_what_the_general_path_stores(seed, monkeypatch):
+def _state(pool):
+    """Everything a pool holds, in order: questions in table order with each entry's id, reward, step, tokens, stored
+    log-probs and mask; the buckets' member lists; the retired questions; the counters."""
+    entries = [
+        (
+            q,
+            [
+                (c.entry_id, c.reward, c.step, c.token_ids.tobytes(), c.behaviour_log_probs.tobytes(), c.mask.tobytes())
+                for c in pool.entries(q)
+            ],
+        )
+        for q in pool.question_ids()
+    ]
+    buckets = [list(pool.buckets.members(b)) for b in range(pool.k)]
+    return entries, buckets, list(pool.retired), dict(pool.counters)
+
+
+@pytest.mark.parametrize("mode", ["binary", "binary, replayed not counted", "continuous"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_common_case_in_one_call_stores_what_the_general_path_stores(seed, mode, monkeypatch):
     """A collect call applies most groups (a question without stored trajectories, members of distinct lengths, a
     clean call) in one call instead of the general path's five. With that path switched off, the same calls leave
-    the same pool: entries, buckets, retired questions, counters and every call's statistics. Both kinds of group
-    occur (the one-call path is taken and declined), and calls without it (a member with a defect) as well."""
+    the same pool: entries (rewards and steps included), question order, buckets, retired questions, counters and
+    every call's statistics. Both kinds of group occur (the one-call path is taken and declined), and calls without
+    it (a member with a defect, a trainer's check as a function), replayed members and rewards of several values."""
+    from exgrpo.config import ExGRPOConfig
     from exgrpo.experience.collection import CollectionRules
 
     rng = np.random.default_rng(100 + seed)
+    continuous = mode == "continuous"
+    won = (0.25, 0.5, 0.75, 1.0) if continuous else (1.0, 1.25, 2.0)  # rewards of members that count as right
 
-    def fresh(r, length=None, defect=False):
-        kind = r.integers(0, 4)
+    def fresh(r, length=None, defect=False, check=False):
+        kind = 4 if check else r.integers(0, 4)
+        reward = float(r.choice(won))
         ids, mask, lps = exchange(r, turns=int(r.integers(1, 4)))
         if defect:  # cut in a tool turn: a defect, not stored (and the call is not clean)
-            return GroupMember(np.r_[ids, 7], np.r_[lps, -0.1].astype(np.float32), 1.0, loss_mask=np.r_[mask, 0])
+            return GroupMember(np.r_[ids, 7], np.r_[lps, -0.1].astype(np.float32), reward, loss_mask=np.r_[mask, 0])
         if length is not None:  # a given length: the dedup has something to compare
             ids, lps = np.resize(ids, length), np.resize(lps, length)
             mask = None
+        if kind == 4:  # the trainer's check, asked only of a member to store (the call takes the general path)
+            return GroupMember(ids.astype(np.int32), lps, reward, defect=lambda: None)
         if kind < 2 or mask is None:
-            return GroupMember(ids.astype(np.int32), lps, 1.0)
-        return GroupMember(ids, lps, 1.0, loss_mask=mask.astype(np.bool_))
+            return GroupMember(ids.astype(np.int32), lps, reward, is_replayed=bool(kind == 1 and r.random() < 0.3))
+        return GroupMember(ids, lps, reward, loss_mask=mask.astype(np.bool_))
 
-    calls = []
+    calls, given = [], {}
     for _ in range(16):
         groups, seen = [], []
-        defect_at = int(rng.integers(0, 8)) if rng.random() < 0.25 else -1
+        defect_at = int(rng.integers(0, 8)) if rng.random() < 0.2 else -1
+        check_at = int(rng.integers(0, 8)) if rng.random() < 0.2 else -1
         for g in range(int(rng.integers(2, 8))):
             q = f"q{int(rng.integers(0, 40))}"
             r = np.random.default_rng(int(rng.integers(0, 1 << 30)))
-            if rng.random() < 0.1:  # K/K: retire it
+            if rng.random() < 0.1:  # all right: retire it
                 groups.append(Group(q, [fresh(r) for _ in range(K)]))
                 continue
             same = int(r.integers(5, 8)) if rng.random() < 0.2 else None  # members of one length
-            members = [fresh(r, same, defect=g == defect_at and i == 0) for i in range(int(rng.integers(1, K)))]
+            members = [
+                fresh(r, same, defect=g == defect_at and i == 0, check=g == check_at and i == 0)
+                for i in range(int(rng.integers(1, K)))
+            ]
             if seen and rng.random() < 0.2:  # a duplicate of a member of the call
                 members[0] = seen[int(rng.integers(0, len(seen)))]
+            elif given.get(q) and rng.random() < 0.3:  # one the question was given in an earlier call
+                members[0] = given[q][int(rng.integers(0, len(given[q])))]
             seen += members
+            given.setdefault(q, []).extend(members)
             groups.append(Group(q, members + [wrong()] * (K - len(members))))
         calls.append(groups)
 
@@ -493,16 +525,22 @@ def test_the_common_case_in_one_call_stores_what_the_general_path_stores(seed, m
         taken[done] += 1
         return done
 
+    def new_pool():
+        if continuous:
+            return ExperiencePool.from_config(
+                ExGRPOConfig.from_dict({"reward_mode": "continuous"}, k=K), chunk_tokens=64
+            )
+        return ExperiencePool(K, chunk_tokens=64, count_replayed_in_k=mode == "binary")
+
     def run(path):
         monkeypatch.setattr(CollectionRules, "_admit_new_question", path)
-        pool = ExperiencePool(K, chunk_tokens=64)
+        pool = new_pool()
         stats = [pool.collect(step, groups).as_metrics() for step, groups in enumerate(calls, start=1)]
         return pool, stats
 
     pool, stats = run(counted)
     general, general_stats = run(lambda self, *args: False)
-    assert taken[True] >= 10 and taken[False] >= 3, taken
-    assert _contents(pool) == _contents(general) and any(_contents(general).values())
+    assert taken[True] >= 8 and taken[False] >= 3, taken
+    assert _state(pool) == _state(general) and len(general) > 10
+    assert len({c.reward for q in general.question_ids() for c in general.entries(q)}) > 1
     assert stats == general_stats
-    assert pool.counters == general.counters and list(pool.retired) == list(general.retired)
-    assert [pool.buckets.members(b) for b in range(K)] == [general.buckets.members(b) for b in range(K)]

@@ -263,3 +263,21 @@ def test_the_steps_path_branches_on_no_rollout_and_no_mode():
         assert name_comparisons(source, names) == [], rel
     assert rollout_name_uses('if config.actor_rollout_ref.rollout.name == "hf": pass') == [1]
     assert rollout_name_uses('mode = "vllm" if x else y\nok = name != "vllm"') == [2]
+
+
+@pytest.mark.parametrize("count_replayed", [True, False])
+def test_the_binary_plan_reads_is_replayed_by_its_truth_value(count_replayed):
+    """A member is replayed where ``is_replayed`` is true and fresh where it is false (False, 0, None):
+    the replayed ones are never stored and, with ``count_replayed_in_k`` off, not counted in k."""
+    import numpy as np
+
+    from exgrpo.experience import ExperiencePool, Group, GroupMember
+
+    def member(n, reward, replayed):
+        return GroupMember(np.arange(1, n + 1, dtype=np.int32), np.full(n, -0.1, np.float32), reward, replayed)
+
+    members = [member(3, 1.0, True), member(4, 1.0, None), member(5, 1.0, 0), member(6, 0.0, False)]
+    pool = ExperiencePool(4, count_replayed_in_k=count_replayed)
+    stats = pool.collect(1, [Group("q", members)])
+    assert sorted(c.length for c in pool.entries("q")) == [4, 5]  # the fresh right ones, None and 0 among them
+    assert stats.mode_stats["success_counts"] == [3 if count_replayed else 2]
