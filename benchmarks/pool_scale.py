@@ -334,11 +334,15 @@ def exgrpo_modules() -> dict[str, ModuleType]:
     return {name: m for name, m in sys.modules.items() if name == "exgrpo" or name.startswith("exgrpo.")}
 
 
+def drop_exgrpo_modules() -> None:
+    for name in exgrpo_modules():
+        del sys.modules[name]
+
+
 def use_modules(root: str, modules: dict[str, ModuleType]) -> None:
     """Make ``modules`` (one implementation's ``exgrpo``, from the tree at ``root``) the ones imported by name, so that
     an import inside its functions finds its own package."""
-    for name in exgrpo_modules():
-        del sys.modules[name]
+    drop_exgrpo_modules()
     sys.modules.update(modules)
     if root in sys.path:
         sys.path.remove(root)
@@ -353,8 +357,7 @@ def run_interleaved(args: argparse.Namespace) -> list[dict]:
     loaded: dict[str | None, tuple[str, ModuleType, dict[str, ModuleType]]] = {}
     for impl, _ in specs:
         if impl not in loaded:
-            for name in exgrpo_modules():
-                del sys.modules[name]
+            drop_exgrpo_modules()
             module = import_experience(impl)
             loaded[impl] = (os.path.realpath(impl or REPO), module, exgrpo_modules())
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter

@@ -3,26 +3,18 @@ leaves out one that is not finished, or was finished for another task, without l
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "learning_cpu.py"
+from tests.helpers.benchmarks import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("learning_cpu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("learning_cpu") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _finished(out: Path, arm: str, seed: int, **recorded) -> Path:

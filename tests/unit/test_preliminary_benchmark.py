@@ -3,27 +3,17 @@ per-bucket asset folders (the bucket's questions only, the model and the validat
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "preliminary_cpu.py"
+from tests.helpers.benchmarks import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("preliminary_cpu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("preliminary_cpu") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_the_buckets_follow_the_success_rate(bench):

@@ -4,27 +4,19 @@ the per-seed pairing of the arms."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "stability_cpu.py"
+from tests.helpers.benchmarks import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("stability_cpu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("stability_cpu") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _val(acc: dict[str, float]) -> dict[str, float]:
