@@ -38,7 +38,14 @@ from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY, QUESTION_ID_KEY
 from recipe.exgrpo.v1.tq_rows import TQ_KEY, rows_from_tq, split_key
 from recipe.exgrpo.v1.trainer import PARTITION, ExGRPOV1Steps, _tq
 
-__all__ = ["LEDGER_FILE", "ExGRPOTrainerV1ColocateAsync", "Issue", "IssueLedger", "staleness_metrics"]
+__all__ = [
+    "LEDGER_FILE",
+    "ExGRPOAsyncSteps",
+    "ExGRPOTrainerV1ColocateAsync",
+    "Issue",
+    "IssueLedger",
+    "staleness_metrics",
+]
 
 #: the ledger's file inside a checkpoint's ``global_step_N/``
 LEDGER_FILE = "exgrpo_issue_ledger.json"
@@ -149,8 +156,9 @@ def staleness_metrics(step: int, fresh_versions, replay_steps, ratio_rows=()) ->
     return out
 
 
-class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
-    """verl's v1 ``colocate_async`` trainer with the ExGRPO replay step (module docstring)."""
+class ExGRPOAsyncSteps(ExGRPOV1Steps):
+    """The ExGRPO step on verl's asynchronous v1 trainers (module docstring): prompts issued through the ledger, the
+    step's groups taken from verl's asynchronous sampler; mixed in before verl's trainer class."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -242,14 +250,16 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
 
     # ------------------------------------------------------------------ the step's groups
     def _generate(self, state: StepState) -> None:
-        """The step's issue, then the groups verl's asynchronous sampler returns, fresh first, then the replayed ones
-        with their candidates read from the pool (``state.plan``); the evicted issues forgotten; the step's metrics
-        of the accounting."""
-        tq = _tq()
+        """The step's issue, then its groups (:meth:`_take_groups`)."""
         self._issues_draw_replay = False  # from now on, verl's refills are fresh prompts
         with state.timed("exgrpo_issue"):
-            self.prepare_step()
-        batch_size = self.replay.questions_per_step
+            state.metrics.update(self.prepare_step() or {})
+        self._take_groups(state, self.replay.questions_per_step)
+
+    def _take_groups(self, state: StepState, batch_size: int) -> None:
+        """``batch_size`` groups from verl's asynchronous sampler, fresh first, then the replayed ones with their
+        candidates read from the pool (``state.plan``); the evicted issues forgotten; the metrics of the accounting."""
+        tq = _tq()
         with self.stage_clock.stage("generate", state.step), state.timed("gen"):
             self.on_sample_begin()
             batch, off_policy_metrics = self.replay_buffer.sample(
@@ -299,6 +309,7 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
         state.trace = {
             "event": "step",
             "step": state.step,
+            **({} if "local_update" not in state.adapter else {"local_update": state.adapter["local_update"]}),
             "mixed": bool(self.replay.experience.mixed),
             "replay_question_ids": list(state.plan.question_ids),
             "fresh_rows": list(state.fresh_rows),
@@ -406,3 +417,7 @@ class ExGRPOTrainerV1ColocateAsync(ExGRPOV1Steps, PPOTrainerColocateAsync):
         ]
         metrics["exgrpo/v1/leaked_rows"] = len(leaked)
         metrics["exgrpo/v1/prompt_entries"] = sum(1 for tag in listed.values() if (tag or {}).get("is_prompt", False))
+
+
+class ExGRPOTrainerV1ColocateAsync(ExGRPOAsyncSteps, PPOTrainerColocateAsync):
+    """verl's v1 ``colocate_async`` trainer with the ExGRPO replay step (module docstring)."""
