@@ -18,6 +18,7 @@ __all__ = [
     "V1_TRAINER_MODES",
     "multi_turn_problems",
     "reward_model_problems",
+    "separate_async_problems",
     "stage_deadline_problems",
     "StartupConfigError",
     "check_startup_config",
@@ -98,7 +99,7 @@ def _zero(value: Any) -> bool:
 
 
 #: the modes of verl's v1 trainer (``trainer.v1.trainer_mode``) the recipe runs ExGRPO in (``trainer.use_v1=true``)
-V1_TRAINER_MODES = ("sync", "colocate_async")
+V1_TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 #: the v1 modes whose rollouts run while the trainer updates (docs/algorithm.md §15)
 V1_ASYNC_MODES = ("colocate_async", "separate_async")
 
@@ -125,9 +126,9 @@ UNSUPPORTED_VERL_SETTINGS: tuple[UnsupportedSetting, ...] = (
     UnsupportedSetting(
         "trainer.v1.trainer_mode",
         lambda v: str(v) in V1_TRAINER_MODES,
-        "the recipe runs ExGRPO on verl's v1 trainer in its sync and colocate_async modes (recipe/exgrpo/v1/"
-        "trainer.py, docs/algorithm.md §15); separate_async is not implemented by the recipe yet: set "
-        "trainer.v1.trainer_mode=sync or colocate_async, or trainer.use_v1=false for the legacy trainer",
+        "the recipe runs ExGRPO on verl's v1 trainer in its sync, colocate_async and separate_async modes "
+        "(recipe/exgrpo/v1/, docs/algorithm.md §15); set trainer.v1.trainer_mode to one of them, or "
+        "trainer.use_v1=false for the legacy trainer",
         applies=lambda config: bool(OmegaConf.select(config, "trainer.use_v1", default=False)),
     ),
     UnsupportedSetting(
@@ -360,6 +361,49 @@ def async_mode_problems(config) -> list[str]:
     ]
 
 
+def separate_async_problems(config) -> list[str]:
+    """What verl's ``separate_async`` trainer requires of its settings (it asserts them once the Ray cluster is up;
+    here they are named at start-up, with the reason): each step is ``parameter_sync_step`` local updates of one
+    mini-batch each, so ``data.train_batch_size`` must equal ``parameter_sync_step × actor.ppo_mini_batch_size``; the
+    standalone rollout has devices of its own (``rollout.nnodes``, ``rollout.n_gpus_per_node``) and gets the weights
+    through a checkpoint engine between the two pools, which the colocated ``naive`` one is not."""
+    if not OmegaConf.select(config, "trainer.use_v1", default=False):
+        return []
+    if str(OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")) != "separate_async":
+        return []
+    problems = []
+    p = OmegaConf.select(config, "trainer.v1.separate_async.parameter_sync_step", default=1)
+    batch = OmegaConf.select(config, "data.train_batch_size", default=None)
+    mini = OmegaConf.select(config, "actor_rollout_ref.actor.ppo_mini_batch_size", default=None)
+    if p is None or int(p) < 1:
+        problems.append(
+            f"trainer.v1.separate_async.parameter_sync_step={p!r}: the local updates per weight sync, at least 1"
+        )
+    elif batch is not None and mini is not None and int(batch) != int(p) * int(mini):
+        problems.append(
+            f"data.train_batch_size={batch} with trainer.v1.separate_async.parameter_sync_step={p} and "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}: in separate_async a step is parameter_sync_step "
+            "local updates of one mini-batch each (the step's prompts issued once, replay drawn with them), so "
+            f"train_batch_size must equal their product; set actor_rollout_ref.actor.ppo_mini_batch_size="
+            f"{int(batch) // int(p) if int(batch) % int(p) == 0 else '<train_batch_size / parameter_sync_step>'}"
+        )
+    for key in ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"):
+        value = OmegaConf.select(config, key, default=0)
+        if value is None or int(value) <= 0:
+            problems.append(
+                f"{key}={value!r} with trainer.v1.trainer_mode=separate_async: the standalone rollout runs on devices "
+                "of its own; give it at least one node with at least one GPU"
+            )
+    backend = OmegaConf.select(config, "actor_rollout_ref.rollout.checkpoint_engine.backend", default="naive")
+    if str(backend) == "naive":
+        problems.append(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=naive with trainer.v1.trainer_mode=separate_async: "
+            "the naive engine hands the weights over inside one process (trainer and rollout colocated); the "
+            "standalone rollout needs one between the pools: set nccl (GPUs), nixl or mooncake"
+        )
+    return problems
+
+
 def stage_deadline_problems(config) -> list[str]:
     """The problems of the ``stage_deadlines`` block (recipe/exgrpo/runtime/stage_deadlines.py), each naming its key."""
     from recipe.exgrpo.runtime.stage_deadlines import BLOCK, deadline_problems
@@ -376,7 +420,7 @@ def check_startup_config(config) -> ExGRPOConfig:
     from recipe.exgrpo.lora import lora_problems, target_module_problems
 
     problems = verl_setting_problems(config) + reward_model_problems(config) + multi_turn_problems(config)
-    problems += async_mode_problems(config) + stage_deadline_problems(config)
+    problems += async_mode_problems(config) + separate_async_problems(config) + stage_deadline_problems(config)
     problems += lora_problems(config) + target_module_problems(config)
     try:
         exgrpo = exgrpo_config_from_hydra(config)

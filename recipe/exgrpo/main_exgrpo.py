@@ -190,15 +190,16 @@ class ExGRPOTaskRunner(BaseTaskRunner):
 @ray.remote
 class ExGRPOTaskRunnerV1:
     """verl's v1 task runner (``TaskRunnerV1``: TransferQueue, the trainer, the agent loop over TransferQueue),
-    building an ``ExGRPOTrainerV1`` (``trainer.use_v1=true``, the sync mode) or an ``ExGRPOTrainerV1ColocateAsync``
-    (``trainer.v1.trainer_mode=colocate_async``) under the stage watchdog."""
+    building an ``ExGRPOTrainerV1`` (``trainer.use_v1=true``, the sync mode), an ``ExGRPOTrainerV1ColocateAsync``
+    (``trainer.v1.trainer_mode=colocate_async``) or an ``ExGRPOTrainerV1SeparateAsync`` (``separate_async``) under the
+    stage watchdog."""
 
     def run(self, config, driver: dict | None = None, run_token: str | None = None):
         import transfer_queue as tq
         from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
         from recipe.exgrpo.runtime.stage_deadlines import StageSupervisor, deadlines_from_config
-        from recipe.exgrpo.v1.async_trainer import ExGRPOTrainerV1ColocateAsync
+        from recipe.exgrpo.v1.async_trainer import ExGRPOTrainerV1ColocateAsync, ExGRPOTrainerV1SeparateAsync
         from recipe.exgrpo.v1.trainer import ExGRPOTrainerV1
 
         print(f"ExGRPOTaskRunnerV1 hostname: {socket.gethostname()}, PID: {os.getpid()}")
@@ -212,8 +213,11 @@ class ExGRPOTaskRunnerV1:
         tq.init(config.transfer_queue)
 
         def train():
-            mode = config.trainer.v1.trainer_mode
-            trainer_cls = ExGRPOTrainerV1ColocateAsync if mode == "colocate_async" else ExGRPOTrainerV1
+            trainer_cls = {
+                "sync": ExGRPOTrainerV1,
+                "colocate_async": ExGRPOTrainerV1ColocateAsync,
+                "separate_async": ExGRPOTrainerV1SeparateAsync,
+            }[str(config.trainer.v1.trainer_mode)]
             trainer = trainer_cls(config=config)
             trainer.stage_clock = supervisor.clock
             trainer.init()

@@ -54,6 +54,8 @@ __all__ = [
     "v1_old_log_probs",
     "v1_submit_prompts",
     "v1_update_actor",
+    "v1_separate_setup",
+    "v1_wait_for_sampleable",
     "validate",
     "worker_dp_size",
 ]
@@ -160,6 +162,43 @@ def v1_set_sampler_poll(trainer: Any, seconds: float) -> None:
 
 #: The private methods of v1's ``PPOTrainer`` that ``ExGRPOTrainerV1`` overrides (and calls through ``super()``).
 V1_TRAINER_OVERRIDES = ("_init_dataloader", "_save_checkpoint", "_load_checkpoint", "_validate", "_compute_metrics")
+
+
+class _FlushTolerantLogger:
+    """A logger whose calls ignore ``flush=`` (``logging.Logger`` refuses the keyword)."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._logger, name)
+        if name not in ("debug", "info", "warning", "error", "critical", "exception", "log"):
+            return attr
+
+        def call(*args: Any, flush: bool = False, **kwargs: Any) -> Any:
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def v1_separate_setup(trainer: Any, setup: Callable[[], Any]) -> Any:
+    """Run ``setup`` (verl's ``PPOTrainerSeparateAsync._setup``) with the module's ``logger`` accepting ``flush=``:
+    with ``actor_rollout_ref.hybrid_engine=false`` verl 0.9.1 logs ``logger.info(..., flush=True)`` there, which
+    ``logging`` refuses with a TypeError (its only path without colocated rollout replicas)."""
+    module = importlib.import_module("verl.trainer.ppo.v1.trainer_separate_async")
+    original = module.logger
+    module.logger = _FlushTolerantLogger(original)
+    try:
+        return setup()
+    finally:
+        module.logger = original
+
+
+def v1_wait_for_sampleable(trainer: Any) -> dict:
+    """``separate_async``: verl's wait for the step's sampleable groups while the trainer's devices serve the rollout
+    (``PPOTrainerSeparateAsync._wait_for_sampleable_and_switch``; nothing when they are not lent); its eviction
+    figures."""
+    return trainer._wait_for_sampleable_and_switch() or {}
 
 
 # ------------------------------------------------------------------------------------------ rollouts (verl)
@@ -371,6 +410,28 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("verl", _V1_TRAINER, "_compute_old_log_prob", "v1_old_log_probs", ("self", "batch", "metrics")),
     PrivateName("verl", _V1_TRAINER, "_update_actor", "v1_update_actor", ("self", "batch", "metrics")),
     PrivateName("verl", "verl.trainer.ppo.v1.replay_buffer:ReplayBuffer", "poll_interval", "v1_set_sampler_poll"),
+    PrivateName("verl", "verl.trainer.ppo.v1.trainer_separate_async", "logger", "v1_separate_setup"),
+    PrivateName(
+        "verl",
+        "verl.utils.fsdp_utils",
+        "fsdp2_sharded_save_to_cpu",
+        "wrapped on the CPU platform (recipe/exgrpo/cpu/patches.py: the π_old copy)",
+        ("model",),
+    ),
+    PrivateName(
+        "verl",
+        "verl.trainer.ppo.v1.trainer_separate_async:PPOTrainerSeparateAsync",
+        "_setup",
+        "v1_separate_setup",
+        ("self",),
+    ),
+    PrivateName(
+        "verl",
+        "verl.trainer.ppo.v1.trainer_separate_async:PPOTrainerSeparateAsync",
+        "_wait_for_sampleable_and_switch",
+        "v1_wait_for_sampleable",
+        ("self",),
+    ),
     PrivateName("verl", _V1_TRAINER, "_init_dataloader", "overridden by ExGRPOTrainerV1 (the replay step)", ("self",)),
     PrivateName("verl", _V1_TRAINER, "_save_checkpoint", "overridden by ExGRPOTrainerV1 (pool first)", ("self",)),
     PrivateName("verl", _V1_TRAINER, "_load_checkpoint", "overridden by ExGRPOTrainerV1 (pool restored)", ("self",)),

@@ -21,8 +21,9 @@
 #   TRAINER          verl's trainer: legacy (default; RayPPOTrainer) or v1 (its v1 trainer in the sync mode:
 #                    trainer.use_v1=true); docs/trainer.md says when to pick which
 #   MODE             the v1 trainer's mode: sync (default), colocate_async (rollout generates while the trainer
-#                    updates, partial rollout; docs/algorithm.md §15) or separate_async (refused by the recipe for
-#                    now: its start-up check says why); an async MODE implies TRAINER=v1
+#                    updates, partial rollout; docs/algorithm.md §15) or separate_async (the rollout on GPUs of its
+#                    own: ROLLOUT_GPUS_PER_NODE of each node, default half; PARAMETER_SYNC_STEP local updates per
+#                    weight sync, default 2; CKPT_ENGINE, default nccl); an async MODE implies TRAINER=v1
 #   RAY_ADDRESS      a running Ray cluster to join (required when NNODES > 1; "auto" on its head node)
 #   PYTHON           python of the environment with verl 0.9.1 and vLLM (default: an activated environment's
 #                    python, else the checkout's .venv, else python on PATH: the first that has the packages the
@@ -387,6 +388,33 @@ exgrpo_prepare() {
     v1) EXGRPO_ARGS+=(trainer.use_v1=true "trainer.v1.trainer_mode=$mode") ;;
     *) exgrpo_die "TRAINER=${TRAINER}: use legacy (verl's RayPPOTrainer, the default) or v1 (its v1 trainer, sync mode)" ;;
   esac
+  [[ "$mode" != separate_async ]] || exgrpo_separate_async_args
+}
+
+# exgrpo_separate_async_args: MODE=separate_async. Each node's GPUs are split between the trainer and verl's
+# standalone rollout (ROLLOUT_GPUS_PER_NODE, default half of N_GPUS_PER_NODE, on each of the NNODES nodes); the weights
+# reach the rollout once a step through a checkpoint engine between the two (CKPT_ENGINE, default nccl); a step is
+# PARAMETER_SYNC_STEP local updates (default 2) of train_batch_size / PARAMETER_SYNC_STEP questions each, one
+# optimizer step each: with the default, the release's two updates of 64 questions per 128-question step.
+exgrpo_separate_async_args() {
+  PARAMETER_SYNC_STEP="${PARAMETER_SYNC_STEP:-2}"
+  ROLLOUT_GPUS_PER_NODE="${ROLLOUT_GPUS_PER_NODE:-$((N_GPUS_PER_NODE / 2))}"
+  exgrpo_positive_int PARAMETER_SYNC_STEP
+  exgrpo_positive_int ROLLOUT_GPUS_PER_NODE
+  local sync_steps="$PARAMETER_SYNC_STEP" rollout_gpus="$ROLLOUT_GPUS_PER_NODE"
+  ((128 % sync_steps == 0)) || exgrpo_die "PARAMETER_SYNC_STEP=$sync_steps must divide the 128 questions of a step"
+  ((rollout_gpus < N_GPUS_PER_NODE)) ||
+    exgrpo_die "ROLLOUT_GPUS_PER_NODE=$rollout_gpus leaves no GPU of the $N_GPUS_PER_NODE per node to the trainer"
+  ((rollout_gpus % ROLLOUT_TP == 0)) ||
+    exgrpo_die "ROLLOUT_TP=$ROLLOUT_TP must divide ROLLOUT_GPUS_PER_NODE=$rollout_gpus (whole vLLM replicas)"
+  EXGRPO_ARGS+=(
+    "trainer.n_gpus_per_node=$((N_GPUS_PER_NODE - rollout_gpus))"
+    "actor_rollout_ref.rollout.nnodes=$NNODES"
+    "actor_rollout_ref.rollout.n_gpus_per_node=$rollout_gpus"
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=${CKPT_ENGINE:-nccl}"
+    "trainer.v1.separate_async.parameter_sync_step=$sync_steps"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=$((128 / sync_steps))"
+  )
 }
 
 # exgrpo_one_gpu_args: what a run on one card adds to the 8-GPU run it shrinks: the stage watchdog's deadlines of

@@ -157,33 +157,56 @@ def test_the_trainer_is_one_setting_and_a_bad_one_is_named():
     proc = run_script(script, env=script_env(DRY_RUN="print", TRAINER="v2"))
     assert proc.returncode != 0 and "TRAINER=v2: use legacy" in proc.stderr
     with pytest.raises(DryRunError) as err:
-        compose([*v1, "trainer.v1.trainer_mode=separate_async"])
-    assert "trainer.v1.trainer_mode='separate_async' is not supported" in str(err.value)
+        compose([*v1, "trainer.v1.trainer_mode=fully_async"])
+    assert "trainer.v1.trainer_mode='fully_async' is not supported" in str(err.value)
 
 
 def test_mode_picks_the_v1_trainers_async_mode_and_the_dry_run_states_the_staleness_bound():
     """MODE=colocate_async: the v1 trainer in verl's colocate_async mode (TRAINER=v1 implied), and the dry run's summary
-    gives the staleness bound and what it implies; MODE=separate_async is refused naming the key and the reason;
-    TRAINER=legacy with an async MODE and an unknown MODE stop the script."""
+    gives the staleness bound and what it implies. MODE=separate_async: the node's GPUs split between the trainer and
+    the standalone rollout, a checkpoint engine between them, PARAMETER_SYNC_STEP local updates of one mini-batch each;
+    the dry run passes and says so; a launch that breaks what the mode requires is refused naming the key.
+    TRAINER=legacy with an async MODE, an unknown MODE and impossible splits stop the script."""
     script = TRAIN_DIR / "exgrpo_qwen2.5_math_7b.sh"
     (legacy,) = printed_launches(script)
     (colocate,) = printed_launches(script, MODE="colocate_async")
     assert [o for o in colocate if o not in legacy] == ["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"]
     assert printed_launches(script, MODE="colocate_async", TRAINER="v1") == [colocate]
+    (separate,) = printed_launches(script, MODE="separate_async", PARAMETER_SYNC_STEP="4")
+    assert [o for o in separate if o not in legacy] == [
+        "trainer.use_v1=true",
+        "trainer.v1.trainer_mode=separate_async",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=4",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+        "trainer.v1.separate_async.parameter_sync_step=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+    ]
     with pytest.MonkeyPatch.context() as mp:
         clear_dry_run_env(mp)
         summary = compose(colocate).summary()
         assert "trainer=v1(colocate_async)" in summary
         assert "async: mode=colocate_async max_off_policy_threshold=8 (drop) warmup=1x128 prompts ahead" in summary
         assert "a group issued at step s trains by step s+7 or is evicted and refilled with fresh prompts" in summary
-        (separate,) = printed_launches(script, MODE="separate_async")
+        report = compose(separate)
+        assert report.config.trainer.v1.trainer_mode == "separate_async"
+        summary = report.summary()
+        assert "trainer=v1(separate_async)" in summary and "parameter_sync_step=4" in summary
+        assert "each step 4 local updates of 32 groups" in summary
+        assert "standalone rollout (1x4 GPUs) through nccl" in summary
         with pytest.raises(DryRunError) as err:
-            compose(separate)
-        assert "trainer.v1.trainer_mode='separate_async' is not supported" in str(err.value)
-        assert "separate_async is not implemented by the recipe yet" in str(err.value)
+            compose([*separate, "actor_rollout_ref.actor.ppo_mini_batch_size=64"])
+        assert "set actor_rollout_ref.actor.ppo_mini_batch_size=32" in str(err.value)
+        with pytest.raises(DryRunError) as err:
+            compose([*separate, "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"])
+        assert "actor_rollout_ref.rollout.checkpoint_engine.backend=naive with" in str(err.value)
     for env, message in [
         ({"MODE": "colocate_async", "TRAINER": "legacy"}, "MODE=colocate_async needs verl's v1 trainer"),
         ({"MODE": "async"}, "MODE=async: use sync (the default), colocate_async or separate_async"),
+        ({"MODE": "separate_async", "PARAMETER_SYNC_STEP": "3"}, "PARAMETER_SYNC_STEP=3 must divide the 128"),
+        ({"MODE": "separate_async", "ROLLOUT_GPUS_PER_NODE": "8"}, "ROLLOUT_GPUS_PER_NODE=8 leaves no GPU"),
+        ({"MODE": "separate_async", "ROLLOUT_GPUS_PER_NODE": "3"}, "must divide ROLLOUT_GPUS_PER_NODE=3"),
     ]:
         proc = run_script(script, env=script_env(DRY_RUN="print", **env))
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr

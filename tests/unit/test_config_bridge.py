@@ -17,6 +17,7 @@ from recipe.exgrpo.config_bridge import (
     exgrpo_config_from_hydra,
     multi_turn_problems,
     reward_model_problems,
+    separate_async_problems,
     verl_setting_problems,
 )
 
@@ -50,7 +51,7 @@ SUPPORTED = {
 
 #: (key, a value the recipe would ignore, the fix the message must name)
 IGNORED = [
-    ("trainer.v1.trainer_mode", "separate_async", "trainer.v1.trainer_mode=sync"),
+    ("trainer.v1.trainer_mode", "fully_async", "trainer.v1.trainer_mode to one of them"),
     ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator=grpo"),
     ("algorithm.adv_estimator", "rloo", "algorithm.adv_estimator=grpo"),
     ("algorithm.use_kl_in_reward", True, "algorithm.use_kl_in_reward=false"),
@@ -108,15 +109,58 @@ def test_an_ignored_verl_setting_is_rejected_naming_key_value_and_fix(key, value
     assert isinstance(err.value, ConfigError)  # callers that catch ConfigError keep working
 
 
-def test_the_v1_trainer_runs_exgrpo_in_its_sync_and_colocate_async_modes():
-    """trainer.use_v1=true is accepted with the sync and colocate_async modes; separate_async is refused, and a mode
-    only on the v1 trainer counts."""
+def test_the_v1_trainer_runs_exgrpo_in_its_three_modes():
+    """trainer.use_v1=true is accepted with the sync, colocate_async and separate_async modes; another mode is refused,
+    and a mode only on the v1 trainer counts."""
     assert verl_setting_problems(_config(**{"trainer.use_v1": True})) == []
-    v1_async = {"trainer.use_v1": True, "trainer.v1.trainer_mode": "colocate_async"}
-    assert verl_setting_problems(_config(**v1_async)) == []
-    assert verl_setting_problems(_config(**{"trainer.v1.trainer_mode": "separate_async"})) == []  # legacy: unread
-    (problem,) = verl_setting_problems(_config(**{"trainer.use_v1": True, "trainer.v1.trainer_mode": "separate_async"}))
-    assert "separate_async is not implemented by the recipe yet" in problem
+    for mode in ("colocate_async", "separate_async"):
+        assert verl_setting_problems(_config(**{"trainer.use_v1": True, "trainer.v1.trainer_mode": mode})) == []
+    assert verl_setting_problems(_config(**{"trainer.v1.trainer_mode": "fully_async"})) == []  # legacy: unread
+    (problem,) = verl_setting_problems(_config(**{"trainer.use_v1": True, "trainer.v1.trainer_mode": "fully_async"}))
+    assert "sync, colocate_async and separate_async modes" in problem
+
+
+#: a separate_async launch as the GPU scripts compose it (MODE=separate_async PARAMETER_SYNC_STEP=4)
+SEPARATE = {
+    "trainer.use_v1": True,
+    "trainer.v1.trainer_mode": "separate_async",
+    "trainer.v1.separate_async.parameter_sync_step": 4,
+    "data.train_batch_size": 128,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "actor_rollout_ref.rollout.nnodes": 1,
+    "actor_rollout_ref.rollout.n_gpus_per_node": 4,
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": "nccl",
+}
+
+
+def test_separate_async_names_what_verl_requires_of_it_at_start_up():
+    """separate_async: a step is parameter_sync_step local updates of one mini-batch each, the rollout has devices of
+    its own and a checkpoint engine between the pools; each broken requirement is named with its key (verl would
+    assert it only once Ray is up); the other modes are not checked for it."""
+    assert separate_async_problems(_config(**SEPARATE)) == []
+    (problem,) = separate_async_problems(_config(**{**SEPARATE, "actor_rollout_ref.actor.ppo_mini_batch_size": 64}))
+    assert problem.startswith("data.train_batch_size=128 with trainer.v1.separate_async.parameter_sync_step=4 and ")
+    assert "set actor_rollout_ref.actor.ppo_mini_batch_size=32" in problem
+    (problem,) = separate_async_problems(_config(**{**SEPARATE, "trainer.v1.separate_async.parameter_sync_step": 0}))
+    assert "parameter_sync_step=0" in problem
+    (problem,) = separate_async_problems(_config(**{**SEPARATE, "actor_rollout_ref.rollout.n_gpus_per_node": 0}))
+    assert problem.startswith("actor_rollout_ref.rollout.n_gpus_per_node=0 with trainer.v1.trainer_mode=separate_async")
+    (problem,) = separate_async_problems(
+        _config(**{**SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive"})
+    )
+    assert problem.startswith("actor_rollout_ref.rollout.checkpoint_engine.backend=naive with") and "nccl" in problem
+    with pytest.raises(StartupConfigError, match="checkpoint_engine.backend=naive"):
+        check_startup_config(_config(**{**SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive"}))
+    colocate = {
+        **SEPARATE,
+        "trainer.v1.trainer_mode": "colocate_async",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 64,
+    }
+    assert separate_async_problems(_config(**colocate)) == []
+    assert (
+        separate_async_problems(_config(**{**SEPARATE, "trainer.use_v1": False, "actor_rollout_ref.rollout.nnodes": 0}))
+        == []
+    )
 
 
 def test_an_async_mode_needs_the_rollouts_log_probs():
@@ -157,7 +201,7 @@ def test_all_problems_are_listed_together_with_those_of_the_exgrpo_block():
         **{
             "algorithm.adv_estimator": "gae",
             "trainer.use_v1": True,
-            "trainer.v1.trainer_mode": "separate_async",
+            "trainer.v1.trainer_mode": "fully_async",
             "exgrpo.replay_ratio": 1.5,
         }
     )
@@ -165,7 +209,7 @@ def test_all_problems_are_listed_together_with_those_of_the_exgrpo_block():
         check_startup_config(cfg)
     text = str(err.value)
     assert text.startswith("3 problems in the config:")
-    assert "trainer.v1.trainer_mode='separate_async'" in text and "algorithm.adv_estimator='gae'" in text
+    assert "trainer.v1.trainer_mode='fully_async'" in text and "algorithm.adv_estimator='gae'" in text
     assert "exgrpo.replay_ratio must be a number in [0.0, 1.0)" in text
 
 

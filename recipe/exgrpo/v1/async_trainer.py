@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.utils.debug import marked_timer
 
 from exgrpo.experience.manager import ReplayPlan
 from recipe.exgrpo import verl_compat
@@ -42,8 +44,10 @@ __all__ = [
     "LEDGER_FILE",
     "ExGRPOAsyncSteps",
     "ExGRPOTrainerV1ColocateAsync",
+    "ExGRPOTrainerV1SeparateAsync",
     "Issue",
     "IssueLedger",
+    "local_update_metrics",
     "staleness_metrics",
 ]
 
@@ -421,3 +425,113 @@ class ExGRPOAsyncSteps(ExGRPOV1Steps):
 
 class ExGRPOTrainerV1ColocateAsync(ExGRPOAsyncSteps, PPOTrainerColocateAsync):
     """verl's v1 ``colocate_async`` trainer with the ExGRPO replay step (module docstring)."""
+
+
+#: figures of a local update that count something it did: a step's figure is their sum over its local updates
+_SUMMED_PER_UPDATE = (
+    "exgrpo/replayed_questions",
+    "exgrpo/fresh_questions",
+    "exgrpo/replayed_rows",
+    "exgrpo/actor_log_prob_calls",
+    "exgrpo/old_log_prob_candidate_rows",
+    "exgrpo/readded_retired",
+    "exgrpo/fresh_removed_retired",
+    "exgrpo/fresh_skipped_retired",
+    "exgrpo/staleness/fresh_spanning_rows",
+    "exgrpo/async/evicted_fresh",
+    "exgrpo/async/evicted_replayed",
+    "exgrpo/async/replayed_without_candidates",
+    "exgrpo/selection/too_long_candidates",
+    "exgrpo/replay/dropped_too_long",
+    "actor/exgrpo/fresh_tokens",
+    "actor/exgrpo/replayed_tokens",
+    "actor/exgrpo/replayed_rows",
+)
+_SUMMED_PREFIXES = ("exgrpo/collect/", "exgrpo/async/reissued_")
+#: figures of a state (the pool's, the schedule's, running totals): a step's figure is the last local update's
+_LAST_PREFIXES = (
+    "exgrpo/pool/",
+    "exgrpo/replay/",
+    "exgrpo/async/issued_",
+    "exgrpo/async/in_flight",
+    "exgrpo/mixed",
+    "exgrpo/loader_epoch",
+    "exgrpo/leftover_prompts",
+    "training/epoch",
+)
+
+
+def local_update_metrics():
+    """verl's ``MetricsAggregator`` (the step's figures from those of its ``parameter_sync_step`` local updates), with
+    ExGRPO's figures reduced by what they are: counts summed, states taken from the last local update, the rest as
+    verl reduces them (rates and means weighted by each update's rows, ``max``/``min`` by name)."""
+    from verl.trainer.ppo.v1.utils import MetricsAggregator
+
+    class LocalUpdateMetrics(MetricsAggregator):
+        def _get_aggregation_type(self, metric_name: str) -> str:
+            if metric_name in _SUMMED_PER_UPDATE or metric_name.startswith(_SUMMED_PREFIXES):
+                return "sum"
+            if metric_name.startswith(_LAST_PREFIXES):
+                return "last"
+            return super()._get_aggregation_type(metric_name)
+
+    return LocalUpdateMetrics()
+
+
+class ExGRPOTrainerV1SeparateAsync(ExGRPOAsyncSteps, PPOTrainerSeparateAsync):
+    """verl's v1 ``separate_async`` trainer with the ExGRPO replay step: the rollout runs on its own devices, the
+    weights reach it once a step, and a step is ``parameter_sync_step`` = p local updates (docs/algorithm.md §15).
+
+    The step's issue (``train_batch_size`` = B prompts, ⌊ρ_t·B⌋ of them replayed questions) happens once, at the step's
+    start, as verl issues its prompts; then each local update i = 0 … p−1 takes the B/p oldest finished groups from the
+    sampler and runs the whole replay step on them: the one pass (verl's decoupled π_old: from the second local update
+    on, verl's ``_compute_old_log_prob`` restores the step's starting weights for it, so the old log-probs and the
+    selection's entropies are those of version t−1 in every local update), the selection, the mixed update (one
+    optimizer step: ``ppo_mini_batch_size`` = B/p), the collection. Whether the step is mixed is fixed when it begins,
+    as in the sync mode. The step's figures are those of its local updates reduced by :func:`local_update_metrics`."""
+
+    def _setup(self):
+        verl_compat.v1_separate_setup(self, super()._setup)
+
+    def prepare_step(self) -> dict:
+        """The step's issue, then verl's wait for the groups the step needs while the trainer's devices lend a hand to
+        the rollout (``hybrid_rollout.enable_switch``), which also returns its eviction figures."""
+        super().prepare_step()
+        return verl_compat.v1_wait_for_sampleable(self)
+
+    def step(self, metrics: dict, timing_raw: dict):
+        from transfer_queue import KVBatchMeta
+
+        p = int(self.parameter_sync_step)
+        groups = self.replay.questions_per_step // p
+        is_last = self.global_steps >= self.total_training_steps
+        mixed = self.replay.replaying
+        aggregator = local_update_metrics()
+        self._issues_draw_replay = False  # from now on, verl's refills are fresh prompts
+        with marked_timer("exgrpo_issue", timing_raw):
+            prepared = self.prepare_step()
+        if prepared:
+            aggregator.add_step_metrics(prepared)
+        keys: list = []
+        tags: list = []
+        for i in range(p):
+            self.local_trigger_step = i  # verl's decoupled π_old reads it in _compute_old_log_prob
+            state = self.replay.begin(self.global_steps, is_last, marked_timer)
+            state.mixed = mixed
+            state.metrics, state.timing = {}, timing_raw
+            state.adapter["local_update"] = i
+            calls_before = self.actor_log_prob_calls
+            self._take_groups(state, groups)
+            self._score_and_select(state)
+            batch = self._prepare_update(state)
+            self._update_policy(state, batch)
+            self.replay.collect(state)
+            state.actor_calls = self.actor_log_prob_calls - calls_before
+            state.metrics.update(self.replay.metrics(state))
+            real = sum(not t.get("is_padding", False) for t in batch.tags)
+            aggregator.add_step_metrics(state.metrics, sample_count=real)
+            keys.extend(batch.keys)
+            tags.extend(batch.tags)
+        metrics.update(aggregator.get_aggregated_metrics())
+        metrics["exgrpo/async/local_updates"] = float(p)
+        return KVBatchMeta(partition_id=PARTITION, keys=keys, tags=tags)

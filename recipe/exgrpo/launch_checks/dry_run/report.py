@@ -96,6 +96,14 @@ def async_summary(c) -> list[str]:
             f"{bound - 1} versions older than the trained policy (ratio to the rollout uncorrected, logged as "
             "exgrpo/staleness/old_vs_rollout_ratio/*); replayed questions drawn when issued"
         )
+    if mode == "separate_async":
+        rollout = c.actor_rollout_ref.rollout
+        implied += (
+            f"; each step {int(sync_step)} local updates of {b // max(int(sync_step), 1)} groups (one optimizer step "
+            f"each, the old log-probs and the selection under the step's starting weights), the weights sent once a "
+            f"step to the standalone rollout ({rollout.nnodes}x{rollout.n_gpus_per_node} GPUs) through "
+            f"{rollout.checkpoint_engine.backend}"
+        )
     return [
         f"async: mode={mode} max_off_policy_threshold={bound} ({strategy}) warmup={warmup}x{b} prompts ahead "
         f"parameter_sync_step={sync_step}: {implied}"
