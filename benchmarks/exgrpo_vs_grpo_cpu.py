@@ -4,6 +4,7 @@
     python benchmarks/exgrpo_vs_grpo_cpu.py --rollout vllm [--vllm-python .venv-vllm/bin/python] [--repeats 2]
     python benchmarks/exgrpo_vs_grpo_cpu.py --trainer both [--rollout vllm]   # verl's legacy and v1 trainers
     python benchmarks/exgrpo_vs_grpo_cpu.py --trainer v1 --mode both --rollout vllm   # v1's sync and colocate_async
+    python benchmarks/exgrpo_vs_grpo_cpu.py --trainer v1 --mode all --rollout vllm    # and separate_async
 
 Both arms run the real verl trainer through ``recipe.exgrpo.main_exgrpo`` (on-policy = ``exgrpo.enable=false``)
 with the same model, data, batch and seed. Replay starts at step 1 (delayed start off) so every measured ExGRPO
@@ -21,9 +22,11 @@ samples for a replayed question) goes through the real engine. ``--trainer v1`` 
 (``trainer.use_v1=true``); ``--trainer both`` runs the four arms (GRPO and ExGRPO on each trainer) alternating, and
 prints the table and the ratio per trainer. ``--mode colocate_async`` runs the v1 arms in verl's asynchronous
 ``colocate_async`` mode (docs/algorithm.md §15; verl's defaults: one warm-up batch ahead, staleness bound 8);
-``--mode both`` runs each v1 arm in both modes, and prints the async / sync ratios too. Every arm also reports steps
-per minute (from the median step) and generated tokens per second (the model tokens of the generated rows the update
-trained on, ``actor/exgrpo/fresh_tokens``, over the measured steps' seconds).
+``--mode both`` runs each v1 arm in both modes, and prints the async / sync ratios too; ``--mode separate_async`` (or
+``all``: the three modes) runs them in verl's ``separate_async`` mode, the rollout on a logical GPU of its own fed by
+the CPU backend's checkpoint engine, ``--parameter-sync-step`` local updates a step (default 2). Every arm also
+reports steps per minute (from the median step) and generated tokens per second (the model tokens of the generated
+rows the update trained on, ``actor/exgrpo/fresh_tokens``, over the measured steps' seconds).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
 from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, run_stoppable, vllm_python  # noqa: E402
+from recipe.exgrpo.cpu.run_config import separate_async_overrides  # noqa: E402
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
 
 #: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
@@ -65,8 +69,18 @@ def run_once(
     python: str | None = None,
     trainer: str = "legacy",
     mode: str = "sync",
+    parameter_sync_step: int = 2,
 ) -> dict:
     """One training run; returns its measured steps' figures (lists, one value per step) and run totals."""
+    if mode == "separate_async":
+        batch = ExGRPOCpuRun.train_batch_size
+        extra = separate_async_overrides(parameter_sync_step)
+        shape = {"ppo_mini_batch_size": batch // parameter_sync_step}
+        shape["micro_batch_size"] = min(
+            ExGRPOCpuRun.micro_batch_size, shape["ppo_mini_batch_size"] * ExGRPOCpuRun.rollout_n
+        )
+    else:
+        extra, shape = ([] if mode == "sync" else [f"trainer.v1.trainer_mode={mode}"]), {}
     run = ExGRPOCpuRun(
         output_dir=out,
         steps=steps,
@@ -77,7 +91,8 @@ def run_once(
         rollout=rollout,
         python=python,
         trainer=trainer,
-        extra_overrides=[] if mode == "sync" else [f"trainer.v1.trainer_mode={mode}"],
+        extra_overrides=extra,
+        **shape,
     )
     result = launch(run, assets, echo=False)
     if result.returncode != 0:
@@ -108,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--mode",
-        choices=("sync", "colocate_async", "both"),
+        choices=("sync", "colocate_async", "separate_async", "both", "all"),
         default="sync",
-        help="the v1 trainer's mode (--trainer v1; both: each arm in sync and colocate_async)",
+        help="the v1 trainer's mode (--trainer v1; both: each arm in sync and colocate_async; all: and separate_async)",
+    )
+    parser.add_argument(
+        "--parameter-sync-step", type=int, default=2, help="separate_async: local updates a step (divides the batch)"
     )
     parser.add_argument(
         "--vllm-python",
@@ -125,9 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "_vllm" if args.rollout == "vllm" else ""
     out = Path(args.out or REPO / "outputs" / f"bench_exgrpo_vs_grpo{suffix}")
     trainers = ("legacy", "v1") if args.trainer == "both" else (args.trainer,)
-    modes = ("sync", "colocate_async") if args.mode == "both" else (args.mode,)
+    modes = {"both": ("sync", "colocate_async"), "all": ("sync", "colocate_async", "separate_async")}.get(
+        args.mode, (args.mode,)
+    )
     if modes != ("sync",) and trainers != ("v1",):
-        parser.error("--mode colocate_async or both runs on verl's v1 trainer only: add --trainer v1")
+        parser.error(f"--mode {args.mode} runs on verl's v1 trainer only: add --trainer v1")
+    if "separate_async" in modes and (
+        args.parameter_sync_step < 1 or ExGRPOCpuRun.train_batch_size % args.parameter_sync_step
+    ):
+        parser.error(
+            f"--parameter-sync-step {args.parameter_sync_step} must divide the batch of {ExGRPOCpuRun.train_batch_size}"
+        )
     variants = [(tr, m) for tr in trainers for m in modes]
 
     def suffix_of(tr: str, m: str) -> str:
@@ -142,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {arm: [] for arm, _, _, _ in arms}
     for rep in range(args.repeats):
         for name, enable, trainer, mode in arms:
-            r = run_once(name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python, trainer, mode)
+            r = run_once(
+                name, enable, args.steps, out / f"{name}_{rep}", assets, args.rollout, python, trainer, mode,
+                args.parameter_sync_step,
+            )  # fmt: skip
             runs[name].append(r)
             print(
                 f"[bench] {name} run {rep + 1}/{args.repeats}: median {statistics.median(r['step_s']):.3f} s/step",
@@ -191,11 +220,12 @@ def main(argv: list[str] | None = None) -> int:
             f"ExGRPO / GRPO seconds per step on {where}: {ratio:.3f} (medians; "
             f"{(ratio - 1) * 100:+.1f}%), {mean_ratio:.3f} (means); paper's release at 7B: +19.0%."
         )
-    if len(modes) > 1:
+    if len(modes) > 1 and "sync" in modes:
         for name in ("grpo", "exgrpo"):
-            sync, async_ = f"{name}_sync", f"{name}_colocate_async"
-            ratio = statistics.median(pooled(async_, "step_s")) / statistics.median(pooled(sync, "step_s"))
-            print(f"{name}: colocate_async / sync seconds per step {ratio:.3f} (medians)")
+            for mode in modes[1:]:
+                sync, async_ = f"{name}_sync", f"{name}_{mode}"
+                ratio = statistics.median(pooled(async_, "step_s")) / statistics.median(pooled(sync, "step_s"))
+                print(f"{name}: {mode} / sync seconds per step {ratio:.3f} (medians)")
     return 0
 
 

@@ -12,6 +12,8 @@ server replica, the bucketed shared-memory weight transfer after every update an
   as replayed (the synchronous v1 trainer's resume, which repeats the uninterrupted run's draw, is checked on the
   ``hf`` rollout in tests/e2e/test_exgrpo_cpu.py); vLLM serves the adapter as a LoRA request, the checkpoint
   holds the adapter and the untouched base weights, and verl's ``lora_adapter_path`` loader continues from it;
+- ExGRPO on the ``separate_async`` mode: a standalone vLLM rollout fed by the CPU backend's checkpoint engine, four
+  local updates a step, each a whole replay step, the step's starting weights in every local update's pass;
 - on-policy GRPO (``exgrpo.enable=false``) on the legacy trainer, in the run whose skipped weight syncs fail the
   agreement check (the negative control; its figures are in docs/cpu_backend.md);
 - a weight sync that fails inside the engine stops the run with ``WeightSyncError`` instead of hanging
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recipe.exgrpo.cpu.run_config import separate_async_overrides
 from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
 from tests.e2e.helpers import assert_ran, read_trace
 from tests.e2e.lora_checks import check_adapter_continues, check_lora_checkpoint
@@ -62,7 +65,7 @@ def _run(tmp: Path, name: str, python: str, assets, ray_temp_dir: str, **kw) -> 
         steps=kw.pop("steps", STEPS),
         rollout_n=K,
         train_batch_size=8,
-        ppo_mini_batch_size=8,
+        ppo_mini_batch_size=kw.pop("ppo_mini_batch_size", 8),
         lr=kw.pop("lr", 1e-3),
         delayed_start_threshold=-1.0,  # mixed from step 1: the pool collected at step 1 is replayed from step 2
         wall_limit_s=kw.pop("wall_limit_s", WALL_LIMIT_S),
@@ -294,6 +297,60 @@ def test_colocate_async_resume_restores_the_state_and_reissues_replayed_prompts_
     for m in steps:
         if m.get("exgrpo/replayed_questions", 0) > 0:
             assert m["exgrpo/replay_group_size_min"] == K and m["exgrpo/replay_group_size_max"] == K
+
+
+# ------------------------------------------------------------------------------------------------ separate_async
+SEPARATE_STEPS = 3
+SYNC_STEPS = 4  # local updates a step (parameter_sync_step): B = 8 groups, 2 per local update
+
+
+@pytest.mark.timeout(1800)
+def test_separate_async_runs_local_updates_with_replay_and_syncs_the_standalone_rollout(
+    tmp_path, new_ray_temp_dir, vllm_python, vllm_assets
+):
+    """ExGRPO on verl's separate_async mode (docs/algorithm.md §15): the rollout in a pool of its own, fed the weights
+    once a step by the CPU backend's checkpoint engine (cpu_zmq), each step parameter_sync_step = 4 local updates of 2
+    groups, each a whole replay step (one actor pass, one optimizer step, one collection). Replayed rows reach the loss
+    in groups of K, fresh + replayed = B a step, nothing is left in TransferQueue, and every generated row of the
+    step's starting weights (age 0) agrees with the actor's pass in every local update: the weights reached the
+    standalone engine, and the passes of local updates 2-4 ran under the step's starting weights (verl's decoupled
+    π_old; on CPU only with the backend's copy of them, recipe/exgrpo/cpu/patches.py: without it the gap was 2.5 on
+    the log scale, a ratio of 11.9)."""
+    out, metrics, result = _run(
+        tmp_path, "separate", vllm_python, vllm_assets, new_ray_temp_dir(), trainer="v1", steps=SEPARATE_STEPS,
+        reward_fn_path=str(EVEN_REWARD), ppo_mini_batch_size=8 // SYNC_STEPS, micro_batch_size=8,
+        extra_overrides=separate_async_overrides(SYNC_STEPS),
+    )  # fmt: skip
+    assert_ran("separate", result)
+    steps = _steps(metrics)
+    assert [int(m["step"]) for m in steps] == list(range(1, SEPARATE_STEPS + 1))
+    for m in steps:
+        assert m["exgrpo/async/local_updates"] == SYNC_STEPS
+        assert m["exgrpo/actor_log_prob_calls"] == SYNC_STEPS  # one pass per local update, candidates included
+        assert m["exgrpo/replayed_questions"] + m["exgrpo/fresh_questions"] == 8  # B groups a step
+        assert m["exgrpo/v1/leaked_rows"] == 0
+        assert m["checkpoint_engine/bytes_sent_per_worker"] > 0  # the weights went through cpu_zmq after the step
+    replay_steps = [m for m in steps if m["exgrpo/replayed_questions"] > 0]
+    assert replay_steps, f"no step replayed anything: pool entries {[m.get('exgrpo/pool/entries') for m in steps]}"
+    for m in replay_steps:
+        assert m["actor/exgrpo/replayed_tokens"] > 0, "replayed rows did not reach the actor loss"
+        assert m["exgrpo/replay_group_size_min"] == K and m["exgrpo/replay_group_size_max"] == K
+    prefix = "exgrpo/staleness/old_vs_rollout_ratio/age_0"
+    gaps = [
+        (int(m["step"]), max(abs(math.log(m[f"{prefix}/min"])), abs(math.log(m[f"{prefix}/max"]))))
+        for m in steps
+        if f"{prefix}/tokens" in m
+    ]
+    assert [s for s, _ in gaps] == list(range(1, SEPARATE_STEPS + 1)), (
+        f"a step trained no row of its own weights: {gaps}"
+    )
+    assert all(g < MAX_ROLLOUT_ACTOR_GAP for _, g in gaps), (
+        f"stale weights or the wrong π_old? max |diff| per step {gaps}"
+    )
+    records = [r for r in read_trace(out) if r["event"] == "step"]
+    assert [(r["step"], r["local_update"]) for r in records] == [
+        (s, i) for s in range(1, SEPARATE_STEPS + 1) for i in range(SYNC_STEPS)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

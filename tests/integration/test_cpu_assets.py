@@ -28,6 +28,7 @@ from recipe.exgrpo.cpu.run_config import (
     cpu_env,
     cpu_overrides,
     required_ray_cpus,
+    separate_async_overrides,
 )
 from recipe.exgrpo.harness import assets as assets_module
 from recipe.exgrpo.harness.assets import (
@@ -459,6 +460,22 @@ def test_config_check_names_the_bad_key_and_the_fix(tmp_path, extra, key):
     problems = cpu_config_problems(cfg, env=cpu_env(base={}))
     assert len(problems) == 1 and key in problems[0], problems
     assert "set" in problems[0].lower()
+
+
+def test_separate_async_overrides_pass_the_check_and_a_missing_rollout_gpu_is_named(tmp_path):
+    """verl's separate_async on CPU (``separate_async_overrides``): the standalone rollout's logical GPU is counted
+    beside the trainer's, since Ray would wait for ever for a GPU it does not have."""
+    extra = separate_async_overrides(4)
+    cfg = compose_ppo_trainer(cpu_overrides(_spec(tmp_path, use_v1=True, extra_overrides=extra)))
+    assert cfg.trainer.v1.trainer_mode == "separate_async" and cfg.ray_kwargs.ray_init.num_gpus == 2
+    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.backend == "cpu_zmq"
+    assert cpu_config_problems(cfg, env=cpu_env(base={})) == []
+    one_gpu = [*extra, "ray_kwargs.ray_init.num_gpus=1"]
+    cfg = compose_ppo_trainer(cpu_overrides(_spec(tmp_path, use_v1=True, extra_overrides=one_gpu)))
+    (problem,) = cpu_config_problems(cfg, env=cpu_env(base={}))
+    assert problem.startswith("ray_kwargs.ray_init.num_gpus=1: verl places one logical GPU per device")
+    assert "the standalone rollout's actor_rollout_ref.rollout.n_gpus_per_node * nnodes = 1" in problem
+    assert "Set ray_kwargs.ray_init.num_gpus=2" in problem
 
 
 def test_config_check_needs_the_plugin_in_the_environment(tmp_path):

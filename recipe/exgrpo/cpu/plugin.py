@@ -108,9 +108,11 @@ def activate() -> None:
         engines.register_cpu_engines()
         guard_gpu_rollouts()
         register_cpu_vllm()
-        from .patches import patch_process_group_backend
+        importlib.import_module("recipe.exgrpo.cpu.checkpoint_engine")  # registers the cpu_zmq checkpoint engine
+        from .patches import patch_cpu_model_copy, patch_process_group_backend
 
         patch_process_group_backend()
+        patch_cpu_model_copy()
 
 
 activate()

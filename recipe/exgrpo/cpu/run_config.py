@@ -106,6 +106,26 @@ def default_ray_num_cpus(n_devices: int, agent_workers: int, reward_workers: int
     return max(8, required_ray_cpus(n_devices, agent_workers, reward_workers, use_v1) + 2)
 
 
+def separate_async_overrides(parameter_sync_step: int, warmup_batches: float = 0.5) -> list[str]:
+    """What verl's ``separate_async`` mode adds to a CPU run (after :func:`cpu_overrides`; the run's
+    ``ppo_mini_batch_size`` must be its batch / ``parameter_sync_step``): the standalone rollout on a logical GPU of
+    its own (the trainer has the other), the weights sent once a step through the backend's ``cpu_zmq`` checkpoint
+    engine (``recipe/exgrpo/cpu/checkpoint_engine.py``), no colocated rollout on the trainer's device (vLLM on CPU has
+    no sleep mode to hand the device back with), and vLLM decoding 4 sequences at a time, so that a step's sampling
+    meets requests still in flight."""
+    return [
+        "trainer.v1.trainer_mode=separate_async",
+        f"trainer.v1.separate_async.parameter_sync_step={int(parameter_sync_step)}",
+        f"trainer.v1.separate_async.num_warmup_batches={warmup_batches}",
+        "actor_rollout_ref.rollout.max_num_seqs=4",
+        "actor_rollout_ref.hybrid_engine=False",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_zmq",
+        "ray_kwargs.ray_init.num_gpus=2",
+    ]
+
+
 def cpu_overrides(spec: CpuRunSpec) -> list[str]:
     """Hydra overrides for verl's ``ppo_trainer`` config: tiny GRPO on the CPU platform with the hf rollout."""
     out = Path(spec.output_dir)
@@ -316,10 +336,19 @@ def cpu_config_problems(cfg: Any, env: Mapping[str, str] | None = None) -> list[
     devices = int(_get(cfg, "trainer.n_gpus_per_node", 1)) * int(_get(cfg, "trainer.nnodes", 1))
     ray_init = _get(cfg, "ray_kwargs.ray_init", {}) or {}
     num_gpus = _get(ray_init, "num_gpus")
-    if num_gpus is None or float(num_gpus) < devices:
+    separate = bool(_get(cfg, "trainer.use_v1", False)) and _get(cfg, "trainer.v1.trainer_mode") == "separate_async"
+    rollout_devices = (
+        int(_get(cfg, f"{rollout}.n_gpus_per_node", 0) or 0) * int(_get(cfg, f"{rollout}.nnodes", 0) or 0)
+        if separate
+        else 0
+    )
+    if num_gpus is None or float(num_gpus) < devices + rollout_devices:
+        what = f"trainer.n_gpus_per_node * trainer.nnodes = {devices}"
+        if separate:
+            what += f", and the standalone rollout's {rollout}.n_gpus_per_node * nnodes = {rollout_devices}"
         problems.append(
-            f"ray_kwargs.ray_init.num_gpus={num_gpus}: verl places one logical GPU per trainer device "
-            f"(trainer.n_gpus_per_node * trainer.nnodes = {devices}); set +ray_kwargs.ray_init.num_gpus={devices}"
+            f"ray_kwargs.ray_init.num_gpus={num_gpus}: verl places one logical GPU per device ({what}); with fewer "
+            f"its placement groups wait forever. Set ray_kwargs.ray_init.num_gpus={devices + rollout_devices}"
         )
     use_v1 = bool(_get(cfg, "trainer.use_v1", False))
     needed = required_ray_cpus(
