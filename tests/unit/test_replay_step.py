@@ -196,3 +196,41 @@ def test_the_replay_step_runs_without_verl_or_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "exit 0 loaded []", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_a_step_in_parts_checks_the_delayed_start_once_on_all_its_rewards(tmp_path):
+    """A step collected in parts (verl's separate_async: one collection per local update) leaves the delayed-start
+    check and the re-add ablation to ``end_step``, once, on the whole step's rewards: a part whose own pass rate is
+    above τ does not switch mixed mode when the step's is not, and the re-add runs once a step, not once a part."""
+    rng = np.random.default_rng(0)
+    settings = {"delayed_start_threshold": 0.35, "readd_retired_fraction": 0.5, "readd_retired_every": 1}
+    replay, backend = _replay_step(tmp_path, **settings), FakeBackend()
+    # two parts of one step: the first passes 5 of 8 (0.625 > τ), the second 0 of 8; the step's rate 0.3125 < τ
+    part_passes = [{"q0": 4, "q1": 1}, {}]
+    scores = []
+    for passes in part_passes:
+        state = replay.begin(1, is_last=False)
+        rows = replay.draw(state)[:2]
+        state.fresh_rows, state.counts = rows, state.counts[:2]
+        generated = prompt_rows(
+            [_prompt(r) for r in rows],
+            state.counts,
+            _responses(rows, state.counts, rng, passes),
+            [QUESTIONS[r] for r in rows],
+        )
+        replay.score_and_select(state, generated, backend)
+        replay.mark_update_rows(state)
+        replay.advantages(state, state.rows.tensors["rm_scores"], None)
+        replay.collect(state, end_of_step=False)
+        assert state.pass_rate == pytest.approx(sum(passes.values()) / 8)
+        assert not replay.experience.mixed, "a part's pass rate switched the delayed start"
+        scores.append(state.scores)
+    calls: list[int] = []
+    original = replay.experience.readd_retired
+    replay.experience.readd_retired = lambda step: calls.append(step) or original(step)
+    replay.end_step(np.concatenate(scores), 1)
+    assert not replay.experience.mixed and calls == [1]
+    assert replay.experience.schedule.last_pass_rate == pytest.approx(5 / 16)
+    # the whole step's rewards decide: above τ, the next step is mixed
+    replay.end_step(np.ones(16), 2)
+    assert replay.experience.mixed and calls == [1, 2]

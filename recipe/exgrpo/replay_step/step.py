@@ -376,10 +376,13 @@ class ReplayStep:
         state.scores = scores
 
     # ------------------------------------------------------------------ 7. collection
-    def collect(self, state: StepState) -> None:
+    def collect(self, state: StepState, end_of_step: bool = True) -> None:
         """Collection into the pool and retirement (docs/algorithm.md §3), then the delayed-start check on the batch
         pass rate (§9) and the re-add ablation. Sets ``state.pass_rate``. The step ends here: its record goes into the
-        trace file (with every row's, under ``exgrpo.trace_rows``)."""
+        trace file (with every row's, under ``exgrpo.trace_rows``).
+
+        ``end_of_step=False``: a part of a step (a local update of verl's ``separate_async``), whose delayed-start
+        check and re-add belong to the whole step: the adapter calls :meth:`end_step` once with all its rewards."""
         rows, scores = state.rows, state.scores
         with state.timed("exgrpo_collect"):
             if self.cfg.enable:
@@ -391,11 +394,17 @@ class ReplayStep:
                 generated = ~rows.tensors[IS_REPLAY_KEY].bool().numpy()
                 masks, lengths = rows.tensors["response_mask"].numpy(), response_lengths(rows).numpy()
                 state.metrics.update(tool_turn_metrics(scores, masks, generated, lengths))
-            self.experience.observe_rewards(scores, state.step)  # the pass rate, or §13's signal
-            self.experience.readd_retired(state.step)
+            if end_of_step:
+                self.end_step(scores, state.step)
         if self.cfg.trace_rows:
             state.trace["rows"] = row_records(rows, scores)
         self.write_trace(state.trace)
+
+    def end_step(self, scores: np.ndarray, step: int) -> None:
+        """What happens once a step, after its collection: the delayed-start check on the step's rewards (every member
+        of every group: the batch pass rate, or §13's signal) and the re-add ablation."""
+        self.experience.observe_rewards(scores, step)
+        self.experience.readd_retired(step)
 
     # ------------------------------------------------------------------ 8. metrics, checkpoint
     def metrics(self, state: StepState) -> dict[str, Any]:

@@ -488,7 +488,8 @@ class ExGRPOTrainerV1SeparateAsync(ExGRPOAsyncSteps, PPOTrainerSeparateAsync):
     on, verl's ``_compute_old_log_prob`` restores the step's starting weights for it, so the old log-probs and the
     selection's entropies are those of version t−1 in every local update), the selection, the mixed update (one
     optimizer step: ``ppo_mini_batch_size`` = B/p), the collection. Whether the step is mixed is fixed when it begins,
-    as in the sync mode. The step's figures are those of its local updates reduced by :func:`local_update_metrics`."""
+    as in the sync mode; the delayed-start check and the re-add ablation run once, after the last local update, on the
+    whole step's rewards. The step's figures are those of its local updates reduced by :func:`local_update_metrics`."""
 
     def _setup(self):
         verl_compat.v1_separate_setup(self, super()._setup)
@@ -514,6 +515,7 @@ class ExGRPOTrainerV1SeparateAsync(ExGRPOAsyncSteps, PPOTrainerSeparateAsync):
             aggregator.add_step_metrics(prepared)
         keys: list = []
         tags: list = []
+        scores: list = []
         for i in range(p):
             self.local_trigger_step = i  # verl's decoupled π_old reads it in _compute_old_log_prob
             state = self.replay.begin(self.global_steps, is_last, marked_timer)
@@ -525,7 +527,10 @@ class ExGRPOTrainerV1SeparateAsync(ExGRPOAsyncSteps, PPOTrainerSeparateAsync):
             self._score_and_select(state)
             batch = self._prepare_update(state)
             self._update_policy(state, batch)
-            self.replay.collect(state)
+            self.replay.collect(state, end_of_step=False)
+            scores.append(state.scores)
+            if i == p - 1:  # the delayed-start check and the re-add ablation once, on the whole step's rewards
+                self.replay.end_step(np.concatenate(scores), state.step)
             state.actor_calls = self.actor_log_prob_calls - calls_before
             state.metrics.update(self.replay.metrics(state))
             real = sum(not t.get("is_padding", False) for t in batch.tags)
