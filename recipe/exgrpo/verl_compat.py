@@ -413,6 +413,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("verl", "verl.trainer.ppo.v1.trainer_separate_async", "logger", "v1_separate_setup"),
     PrivateName(
         "verl",
+        "verl.trainer.ppo.v1.utils:MetricsAggregator",
+        "_get_aggregation_type",
+        "overridden by the separate_async adapter's local_update_metrics",
+        ("self", "metric_name"),
+    ),
+    PrivateName(
+        "verl",
         "verl.utils.fsdp_utils",
         "fsdp2_sharded_save_to_cpu",
         "wrapped on the CPU platform (recipe/exgrpo/cpu/patches.py: the π_old copy)",

@@ -114,3 +114,44 @@ def test_prompts_in_flight_at_a_checkpoint_are_reissued_with_their_ledgers_sampl
     assert trainer.ledger.issues["ureplayed"].step == 3 and trainer.ledger.issues["udone"].step == 2
     assert trainer._reissued == {"fresh": 1, "replayed": 1}
     assert "generate_sequences" not in vars(manager)  # the manager's own method again
+
+
+def test_a_separate_async_steps_figures_reduce_its_local_updates_by_what_they_are():
+    """verl's separate_async step is parameter_sync_step local updates; their figures become the step's through verl's
+    MetricsAggregator with ExGRPO's rules: counts summed, the pool's and the schedule's states from the last local
+    update, rates weighted by each local update's rows, max/min kept by name."""
+    from recipe.exgrpo.v1.async_trainer import local_update_metrics
+
+    agg = local_update_metrics()
+    agg.add_step_metrics(
+        {
+            "exgrpo/replayed_questions": 1.0,
+            "exgrpo/fresh_questions": 3.0,
+            "actor/exgrpo/replayed_tokens": 10.0,
+            "exgrpo/collect/added_entries": 2.0,
+            "exgrpo/pool/entries": 5.0,
+            "exgrpo/async/issued_fresh_total": 12.0,
+            "exgrpo/batch_pass_rate": 0.5,
+            "exgrpo/staleness/fresh_age_max": 1.0,
+        },
+        sample_count=12,
+    )
+    agg.add_step_metrics(
+        {
+            "exgrpo/replayed_questions": 2.0,
+            "exgrpo/fresh_questions": 2.0,
+            "actor/exgrpo/replayed_tokens": 6.0,
+            "exgrpo/collect/added_entries": 1.0,
+            "exgrpo/pool/entries": 7.0,
+            "exgrpo/async/issued_fresh_total": 12.0,
+            "exgrpo/batch_pass_rate": 0.25,
+            "exgrpo/staleness/fresh_age_max": 0.0,
+        },
+        sample_count=4,
+    )
+    m = agg.get_aggregated_metrics()
+    assert m["exgrpo/replayed_questions"] == 3 and m["exgrpo/fresh_questions"] == 5  # B = 8 groups a step
+    assert m["actor/exgrpo/replayed_tokens"] == 16 and m["exgrpo/collect/added_entries"] == 3
+    assert m["exgrpo/pool/entries"] == 7 and m["exgrpo/async/issued_fresh_total"] == 12  # states: the last
+    assert m["exgrpo/batch_pass_rate"] == pytest.approx((0.5 * 12 + 0.25 * 4) / 16)
+    assert m["exgrpo/staleness/fresh_age_max"] == 1.0
