@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
 from benchmarks.common import add_run_folder, argument_parser, comma_list, git_revision, host, run_stoppable  # noqa: E402
-from recipe.exgrpo.harness.demo import DEMO_SETTINGS, demo_run, launch  # noqa: E402
+from recipe.exgrpo.harness.demo import DEMO_SETTINGS, ExGRPOCpuRun, demo_run, launch  # noqa: E402
 from recipe.exgrpo.harness.learning_curves import (  # noqa: E402
     RunCurve,
     area_under_curve,
@@ -440,8 +440,14 @@ def _draw(ax, steps, mean, std, color, label, marker="-"):
     )
 
 
-def plot_regime(runs_by_arm: Mapping[str, Sequence[RunRecord]], path: Path, title: str) -> Path:
-    """Validation accuracy (overall and per level) and the gradient-signal figures per step, mean ± std per arm."""
+def plot_regime(
+    runs_by_arm: Mapping[str, Sequence[RunRecord]],
+    path: Path,
+    title: str,
+    response_cap: int = ExGRPOCpuRun.max_response_length,
+) -> Path:
+    """Validation accuracy (overall and per level) and the gradient-signal figures per step, mean ± std per arm;
+    ``response_cap``: the runs' response bound, named in the length panel's title."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     for i, (arm, runs) in enumerate(runs_by_arm.items()):
@@ -467,7 +473,7 @@ def plot_regime(runs_by_arm: Mapping[str, Sequence[RunRecord]], path: Path, titl
         "groups with zero reward variance: fresh (—), replay (- -)",
         "share of Σ|A|: replayed members (—), replay groups (- -)",
         "sampled pass rate (batches differ between arms)",
-        "response length (tokens; the cap is 24)",
+        f"response length (tokens; the cap is {response_cap})",
     ]
     for ax, t in zip(axes.flat, titles):
         ax.set_title(t, fontsize=10)
@@ -589,17 +595,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     report += "\n## Per seed\n\n" + per_seed_curves(records)
     (out / "stability_cpu.md").write_text(report)
+    cap = TASK_RUN_SETTINGS[args.task].get("max_response_length", ExGRPOCpuRun.max_response_length)
     pngs = []
     for regime in dict.fromkeys(r.regime for r in records):
         by_arm = {a: [r for r in records if r.regime == regime and r.arm == a] for a in COMPARISON}
         by_arm = {a: runs for a, runs in by_arm.items() if runs}
         if by_arm:
-            pngs.append(plot_regime(by_arm, out / f"stability_{regime}.png", f"GRPO vs ExGRPO, regime {regime}"))
+            pngs.append(plot_regime(by_arm, out / f"stability_{regime}.png", f"GRPO vs ExGRPO, regime {regime}", cap))
     if ablation_records:
         by_arm = {a: [r for r in ablation_records if r.arm == a] for a in ("grpo", "exgrpo", *ABLATIONS)}
         by_arm = {a: runs for a, runs in by_arm.items() if runs}
         title = f"ExGRPO ablations, regime {ABLATION_REGIME}, seeds {ablation_seeds}"
-        pngs.append(plot_regime(by_arm, out / "stability_ablations.png", title))
+        pngs.append(plot_regime(by_arm, out / "stability_ablations.png", title, cap))
     print("\n" + report)
     print(f"csv: {out / 'stability_cpu.csv'}\ntables: {out / 'stability_cpu.md'}\nfigures: {', '.join(map(str, pngs))}")
     if failed:
