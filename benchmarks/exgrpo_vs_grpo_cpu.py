@@ -39,8 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository first
 
 from benchmarks.common import REPO, VLLM_PYTHON, argument_parser, run_stoppable, vllm_python  # noqa: E402
-from recipe.exgrpo.cpu.run_config import separate_async_overrides  # noqa: E402
-from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics  # noqa: E402
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics, separate_async_settings  # noqa: E402
 
 #: ExGRPO's own timers besides the old-log-prob pass (sampling + candidate gathering, selection from the pass's
 #: figures, the replayed members' reward, collection)
@@ -73,14 +72,9 @@ def run_once(
 ) -> dict:
     """One training run; returns its measured steps' figures (lists, one value per step) and run totals."""
     if mode == "separate_async":
-        batch = ExGRPOCpuRun.train_batch_size
-        extra = separate_async_overrides(parameter_sync_step)
-        shape = {"ppo_mini_batch_size": batch // parameter_sync_step}
-        shape["micro_batch_size"] = min(
-            ExGRPOCpuRun.micro_batch_size, shape["ppo_mini_batch_size"] * ExGRPOCpuRun.rollout_n
-        )
+        shape = separate_async_settings(parameter_sync_step)
     else:
-        extra, shape = ([] if mode == "sync" else [f"trainer.v1.trainer_mode={mode}"]), {}
+        shape = {"extra_overrides": [] if mode == "sync" else [f"trainer.v1.trainer_mode={mode}"]}
     run = ExGRPOCpuRun(
         output_dir=out,
         steps=steps,
@@ -91,7 +85,6 @@ def run_once(
         rollout=rollout,
         python=python,
         trainer=trainer,
-        extra_overrides=extra,
         **shape,
     )
     result = launch(run, assets, echo=False)

@@ -340,14 +340,19 @@ def _rollout_log_probs_off(config) -> Any:
     return None if value is True or (isinstance(value, str) and value.lower() == "true") else value
 
 
+def _v1_mode(config) -> str | None:
+    """The v1 trainer's mode (``trainer.v1.trainer_mode``) when the run is on the v1 trainer, else None."""
+    if not OmegaConf.select(config, "trainer.use_v1", default=False):
+        return None
+    return str(OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync"))
+
+
 def async_mode_problems(config) -> list[str]:
     """An asynchronous v1 mode stores each generated trajectory with the log-probs of the policy versions that sampled
     it, which only the rollout knows (docs/algorithm.md §15): the step's old log-probs are the trained policy's. The
     rollout returns them only with ``actor_rollout_ref.rollout.calculate_log_probs``. The on-policy baseline stores
     nothing and needs none."""
-    if not OmegaConf.select(config, "trainer.use_v1", default=False):
-        return []
-    mode = str(OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync"))
+    mode = _v1_mode(config)
     if mode not in V1_ASYNC_MODES or not OmegaConf.select(config, "exgrpo.enable", default=True):
         return []
     value = _rollout_log_probs_off(config)
@@ -367,9 +372,7 @@ def separate_async_problems(config) -> list[str]:
     mini-batch each, so ``data.train_batch_size`` must equal ``parameter_sync_step × actor.ppo_mini_batch_size``; the
     standalone rollout has devices of its own (``rollout.nnodes``, ``rollout.n_gpus_per_node``) and gets the weights
     through a checkpoint engine between the two pools, which the colocated ``naive`` one is not."""
-    if not OmegaConf.select(config, "trainer.use_v1", default=False):
-        return []
-    if str(OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")) != "separate_async":
+    if _v1_mode(config) != "separate_async":
         return []
     problems = []
     p = OmegaConf.select(config, "trainer.v1.separate_async.parameter_sync_step", default=1)

@@ -181,7 +181,7 @@ class _FlushTolerantLogger:
         return call
 
 
-def v1_separate_setup(trainer: Any, setup: Callable[[], Any]) -> Any:
+def v1_separate_setup(setup: Callable[[], Any]) -> Any:
     """Run ``setup`` (verl's ``PPOTrainerSeparateAsync._setup``) with the module's ``logger`` accepting ``flush=``:
     with ``actor_rollout_ref.hybrid_engine=false`` verl 0.9.1 logs ``logger.info(..., flush=True)`` there, which
     ``logging`` refuses with a TypeError (its only path without colocated rollout replicas)."""

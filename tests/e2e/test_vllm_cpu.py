@@ -33,8 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recipe.exgrpo.cpu.run_config import separate_async_overrides
-from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics
+from recipe.exgrpo.harness.demo import ExGRPOCpuRun, launch, read_metrics, separate_async_settings
 from tests.e2e.helpers import assert_ran, read_trace
 from tests.e2e.lora_checks import check_adapter_continues, check_lora_checkpoint
 from tests.helpers.jsonl import read_jsonl
@@ -318,8 +317,7 @@ def test_separate_async_runs_local_updates_with_replay_and_syncs_the_standalone_
     the log scale, a ratio of 11.9)."""
     out, metrics, result = _run(
         tmp_path, "separate", vllm_python, vllm_assets, new_ray_temp_dir(), trainer="v1", steps=SEPARATE_STEPS,
-        reward_fn_path=str(EVEN_REWARD), ppo_mini_batch_size=8 // SYNC_STEPS, micro_batch_size=8,
-        extra_overrides=separate_async_overrides(SYNC_STEPS),
+        reward_fn_path=str(EVEN_REWARD), **separate_async_settings(SYNC_STEPS),
     )  # fmt: skip
     assert_ran("separate", result)
     steps = _steps(metrics)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from recipe.exgrpo.cpu.weight_sync import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError, weight_sync_timeout_s
 
@@ -33,15 +34,6 @@ BACKEND = "cpu_zmq"
 _READY = b"ready"
 #: seconds of each poll of a socket between two looks at the event loop
 _POLL_S = 0.05
-
-
-async def _async_items(weights) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
-    if hasattr(weights, "__aiter__"):
-        async for item in weights:
-            yield item
-    else:
-        for item in weights:
-            yield item
 
 
 @CheckpointEngineRegistry.register(BACKEND)
@@ -118,7 +110,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
         """Rank 0: wait until every rollout worker has asked, then send the weights in buckets (a tensor larger than a
         bucket goes alone); the last message says so. Other ranks: walk the generator."""
         if self.rank is None or self.rank < 0 or not self.is_master:
-            async for _ in _async_items(weights):
+            async for _ in ensure_async_iterator(weights):
                 pass
             return {}
         deadline = time.monotonic() + weight_sync_timeout_s()
@@ -142,7 +134,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
             sent += len(payload)
             entries, chunks, size = [], [], 0
 
-        async for name, tensor in _async_items(weights):
+        async for name, tensor in ensure_async_iterator(weights):
             data = tensor.detach().to("cpu").contiguous()
             raw = data.view(-1).view(torch.uint8).numpy().tobytes()
             if size and size + len(raw) > self.bucket_size:
@@ -165,7 +157,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
             meta = pickle.loads(header)
             buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
             for e in meta["entries"]:
-                n = int(torch.Size(e["shape"]).numel()) * torch.empty(0, dtype=e["dtype"]).element_size()
+                n = int(torch.Size(e["shape"]).numel()) * e["dtype"].itemsize
                 yield e["name"], buffer[e["offset"] : e["offset"] + n].view(e["dtype"]).view(e["shape"])
             if meta["last"]:
                 return

@@ -336,7 +336,8 @@ def cpu_config_problems(cfg: Any, env: Mapping[str, str] | None = None) -> list[
     devices = int(_get(cfg, "trainer.n_gpus_per_node", 1)) * int(_get(cfg, "trainer.nnodes", 1))
     ray_init = _get(cfg, "ray_kwargs.ray_init", {}) or {}
     num_gpus = _get(ray_init, "num_gpus")
-    separate = bool(_get(cfg, "trainer.use_v1", False)) and _get(cfg, "trainer.v1.trainer_mode") == "separate_async"
+    use_v1 = bool(_get(cfg, "trainer.use_v1", False))
+    separate = use_v1 and _get(cfg, "trainer.v1.trainer_mode") == "separate_async"
     rollout_devices = (
         int(_get(cfg, f"{rollout}.n_gpus_per_node", 0) or 0) * int(_get(cfg, f"{rollout}.nnodes", 0) or 0)
         if separate
@@ -350,7 +351,6 @@ def cpu_config_problems(cfg: Any, env: Mapping[str, str] | None = None) -> list[
             f"ray_kwargs.ray_init.num_gpus={num_gpus}: verl places one logical GPU per device ({what}); with fewer "
             f"its placement groups wait forever. Set ray_kwargs.ray_init.num_gpus={devices + rollout_devices}"
         )
-    use_v1 = bool(_get(cfg, "trainer.use_v1", False))
     needed = required_ray_cpus(
         devices, int(_get(cfg, f"{rollout}.agent.num_workers", 8)), int(_get(cfg, "reward.num_workers", 8)), use_v1
     )

@@ -28,7 +28,7 @@ from typing import Any
 
 from exgrpo.modes import DEFAULT_REWARD_MODE, get_reward_mode
 from recipe.exgrpo.cpu import CPU_ROLLOUTS
-from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides
+from recipe.exgrpo.cpu.run_config import CpuRunSpec, cpu_env, cpu_overrides, separate_async_overrides
 from recipe.exgrpo.harness.procs import RunResult, run_ray_command_in_new_session
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -143,6 +143,18 @@ TOOL_REWARD = "pkg://recipe.exgrpo.harness.tool_reward"
 # ``--tools``: what changes from DEMO_SETTINGS. An exchange with a call is ~105 tokens (the call ~60, the tool's turn
 # ~20, the answer ~20, recipe/exgrpo/harness/tool_task.py), one without ~20.
 TOOL_DEMO_SETTINGS: dict = dict(max_response_length=128)
+
+
+def separate_async_settings(parameter_sync_step: int) -> dict:
+    """The :class:`ExGRPOCpuRun` fields of a run in verl's ``separate_async`` mode with the default batch: each local
+    update trains ``train_batch_size / parameter_sync_step`` questions (its mini-batch), with micro-batches no larger
+    than its rows (verl's fixed micro-batches must divide them), and ``separate_async_overrides``."""
+    mini = ExGRPOCpuRun.train_batch_size // int(parameter_sync_step)
+    return {
+        "ppo_mini_batch_size": mini,
+        "micro_batch_size": min(ExGRPOCpuRun.micro_batch_size, mini * ExGRPOCpuRun.rollout_n),
+        "extra_overrides": separate_async_overrides(parameter_sync_step),
+    }
 
 
 def tool_run(run: ExGRPOCpuRun) -> ExGRPOCpuRun:

@@ -30,10 +30,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.trainer.ppo.v1.utils import MetricsAggregator
 from verl.utils.debug import marked_timer
 
 from exgrpo.experience.manager import ReplayPlan
+from exgrpo.objective import LOSS_METRIC_KINDS
 from recipe.exgrpo import verl_compat
+from recipe.exgrpo.actor_loss import METRIC_PREFIX
 from recipe.exgrpo.replay_step import StepState
 from recipe.exgrpo.replay_step.batch import response_lengths
 from recipe.exgrpo.replay_step.fields import IS_REPLAY_KEY, QUESTION_ID_KEY
@@ -47,6 +50,7 @@ __all__ = [
     "ExGRPOTrainerV1SeparateAsync",
     "Issue",
     "IssueLedger",
+    "LocalUpdateMetrics",
     "local_update_metrics",
     "staleness_metrics",
 ]
@@ -443,9 +447,8 @@ _SUMMED_PER_UPDATE = (
     "exgrpo/async/replayed_without_candidates",
     "exgrpo/selection/too_long_candidates",
     "exgrpo/replay/dropped_too_long",
-    "actor/exgrpo/fresh_tokens",
-    "actor/exgrpo/replayed_tokens",
-    "actor/exgrpo/replayed_rows",
+    # the mixed loss's token and row counts, as verl logs them (actor/ + the loss's own names)
+    *(f"actor/{METRIC_PREFIX}{name}" for name, kind in LOSS_METRIC_KINDS.items() if kind == "count"),
 )
 _SUMMED_PREFIXES = ("exgrpo/collect/", "exgrpo/async/reissued_")
 #: figures of a state (the pool's, the schedule's, running totals): a step's figure is the last local update's
@@ -461,20 +464,21 @@ _LAST_PREFIXES = (
 )
 
 
-def local_update_metrics():
+class LocalUpdateMetrics(MetricsAggregator):
     """verl's ``MetricsAggregator`` (the step's figures from those of its ``parameter_sync_step`` local updates), with
     ExGRPO's figures reduced by what they are: counts summed, states taken from the last local update, the rest as
     verl reduces them (rates and means weighted by each update's rows, ``max``/``min`` by name)."""
-    from verl.trainer.ppo.v1.utils import MetricsAggregator
 
-    class LocalUpdateMetrics(MetricsAggregator):
-        def _get_aggregation_type(self, metric_name: str) -> str:
-            if metric_name in _SUMMED_PER_UPDATE or metric_name.startswith(_SUMMED_PREFIXES):
-                return "sum"
-            if metric_name.startswith(_LAST_PREFIXES):
-                return "last"
-            return super()._get_aggregation_type(metric_name)
+    def _get_aggregation_type(self, metric_name: str) -> str:
+        if metric_name in _SUMMED_PER_UPDATE or metric_name.startswith(_SUMMED_PREFIXES):
+            return "sum"
+        if metric_name.startswith(_LAST_PREFIXES):
+            return "last"
+        return super()._get_aggregation_type(metric_name)
 
+
+def local_update_metrics() -> LocalUpdateMetrics:
+    """A fresh :class:`LocalUpdateMetrics` for one step."""
     return LocalUpdateMetrics()
 
 
@@ -492,7 +496,7 @@ class ExGRPOTrainerV1SeparateAsync(ExGRPOAsyncSteps, PPOTrainerSeparateAsync):
     whole step's rewards. The step's figures are those of its local updates reduced by :func:`local_update_metrics`."""
 
     def _setup(self):
-        verl_compat.v1_separate_setup(self, super()._setup)
+        verl_compat.v1_separate_setup(super()._setup)
 
     def prepare_step(self) -> dict:
         """The step's issue, then verl's wait for the groups the step needs while the trainer's devices lend a hand to
